@@ -1,0 +1,33 @@
+"""`rlexp <command> [hydra overrides...]`: train | eval | list | compare | bench."""
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: rlexp <command> [overrides...]
+
+commands:
+  train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
+  list      list config options: `rlexp list algorithms|models|datasets|rewards|...`
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train":
+        sys.argv = ["rlexp train", *rest]
+        from rlexp.train import main as train_main
+        train_main()
+    elif cmd == "list":
+        from rlexp.listing import main as list_main
+        list_main(rest)
+    else:
+        print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Structured-config schema of the train app (type-checked by OmegaConf at compose time) and the
+range checks that run before anything is loaded, each naming the offending key."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 30
+    prompts_per_step: int = 8          # distinct prompts per step (groups)
+    num_generations: int = 4           # G, completions per prompt
+    num_iterations: int = 1            # μ, optimiser passes over one rollout batch
+    micro_batch_size: int = 16         # completions per forward/backward (gradient accumulation = N / this)
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    recompute_old_logprobs: bool = False  # μ > 1: old log-probs from a forward pass instead of the sampler's
+    max_grad_norm: Optional[float] = 1.0
+    warmup_steps: int = 0
+    eval_every: int = 0                # 0: evaluate only at the end (if eval.size > 0)
+    checkpoint_every: int = 10
+    seed: int = 0
+    resume: bool = True                # continue from <run_dir>/checkpoints if present
+    run_dir: str = "${hydra:runtime.output_dir}"
+    progress: bool = True
+    device: str = "auto"               # auto | cpu | cuda | cuda:N
+    num_threads: int = 0               # torch CPU threads; 0 = torch's default
+    accuracy_term: Optional[str] = "accuracy"
+
+
+@dataclass
+class EvalConfig:
+    size: int = 50                     # held-out prompts evaluated greedily during training (0: off)
+    max_new_tokens: Optional[int] = None
+
+
+@dataclass
+class RLExpConfig:
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    model: Any = MISSING
+    dataset: Any = MISSING
+    prompt: Any = MISSING
+    reward: Any = MISSING
+    algorithm: Any = MISSING
+    rollout: Any = MISSING
+    tracker: Any = MISSING
+    optimizer: Any = MISSING
+    run_name: Optional[str] = None
+    experiment: Optional[str] = None
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="rlexp_schema", node=RLExpConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+def validate(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    checks = [
+        (t.num_generations >= 2, "trainer.num_generations", t.num_generations, "must be >= 2 (a group needs peers)"),
+        (t.prompts_per_step >= 1, "trainer.prompts_per_step", t.prompts_per_step, "must be >= 1"),
+        (t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1"),
+        (t.num_iterations >= 1, "trainer.num_iterations", t.num_iterations, "must be >= 1"),
+        (t.micro_batch_size >= 0, "trainer.micro_batch_size", t.micro_batch_size, "must be >= 0 (0: whole batch)"),
+        (t.max_new_tokens > 0, "trainer.max_new_tokens", t.max_new_tokens, "must be > 0"),
+        (t.temperature > 0, "trainer.temperature", t.temperature, "must be > 0"),
+        (t.eval_every >= 0, "trainer.eval_every", t.eval_every, "must be >= 0"),
+        (t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, "must be >= 0"),
+        (t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0"),
+    ]
+    lr = cfg.optimizer.get("lr")
+    checks.append((lr is not None and lr > 0, "optimizer.lr", lr, "must be > 0"))
+    for ok, key, value, why in checks:
+        if not ok:
+            raise ConfigError(f"{key}={value}: {why}")
+    terms = cfg.reward.get("terms") or {}
+    if not terms:
+        raise ConfigError("reward.terms is empty: configure at least one reward term")
+    for name, term in terms.items():
+        if "_target_" not in term:
+            raise ConfigError(f"reward.terms.{name} has no _target_")
+    if t.accuracy_term is not None and t.accuracy_term not in terms:
+        raise ConfigError(f"trainer.accuracy_term={t.accuracy_term!r} is not a reward term (terms: {list(terms)})")

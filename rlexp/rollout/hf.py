@@ -1,0 +1,124 @@
+"""Rollout with transformers ``generate``: batched sampling that also records, token by token, the
+log-probability of each sampled token under the temperature-scaled sampling distribution, so the
+importance ratio needs no extra forward pass.
+
+The log-probs are captured by a logits processor that sits before the temperature/top-k/top-p
+warpers (transformers merges custom processors there): at step t it gathers the log-prob of the
+token chosen at step t−1 from the distribution it saw then, so only one step's (N, V) log-softmax
+is alive at a time. They are the log-probs of softmax(logits / temperature) — the distribution the
+trainer's ratio uses (TRL's convention), which equals the sampling distribution when top-k/top-p
+are off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+
+class SampledLogprobRecorder(LogitsProcessor):
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(-1, last_tokens[:, None]).squeeze(-1))
+        out = torch.stack(self.steps, 1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
+        self.prev, self.steps = None, []
+        return out
+
+
+@dataclass
+class RolloutOutput:
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether each row has no EOS."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    has_eos = is_eos.any(-1)
+    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    mask = (pos[None, :] <= first[:, None]).long()
+    return mask, ~has_eos
+
+
+class HFRollout:
+    """Sampling with ``model.generate``. ``micro_batch`` bounds how many sequences go through one
+    generate call (memory); ``cache_implementation`` is passed through (``static`` compiles the
+    decode step on GPU)."""
+
+    def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 micro_batch: int = 0, cache_implementation: str | None = None):
+        if max_new_tokens <= 0:
+            raise ValueError(f"rollout.max_new_tokens must be > 0, got {max_new_tokens}")
+        if temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
+        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
+        self.micro_batch, self.cache_implementation = micro_batch, cache_implementation
+
+    @torch.no_grad()
+    def generate(self, model, tokenizer, prompts: list[str], num_generations: int = 1,
+                 greedy: bool = False, max_new_tokens: int | None = None) -> RolloutOutput:
+        rows = [p for p in prompts for _ in range(num_generations)]
+        step = self.micro_batch or len(rows)
+        parts = [self._generate(model, tokenizer, rows[i:i + step], greedy, max_new_tokens or self.max_new_tokens)
+                 for i in range(0, len(rows), step)]
+        return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+
+    def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
+        device = next(model.parameters()).device
+        enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        recorder = SampledLogprobRecorder(self.temperature)
+        eos = model.generation_config.eos_token_id
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id]
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+                      logits_processor=LogitsProcessorList([recorder]))
+        if self.cache_implementation:
+            kwargs["cache_implementation"] = self.cache_implementation
+        if greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)
+        was_training = model.training
+        model.eval()
+        out = model.generate(**enc, **kwargs)
+        model.train(was_training)
+        completion = out[:, enc["input_ids"].shape[1]:]
+        logprobs = recorder.finish(completion[:, -1]) if completion.shape[1] else torch.zeros_like(completion, dtype=torch.float)
+        mask, truncated = completion_mask_from_ids(completion, eos_ids)
+        completion = torch.where(mask.bool(), completion, torch.full_like(completion, tokenizer.pad_token_id))
+        texts = tokenizer.batch_decode(completion * mask + (1 - mask) * tokenizer.pad_token_id, skip_special_tokens=True)
+        return RolloutOutput(enc["input_ids"], enc["attention_mask"], completion, mask,
+                             logprobs.to(device) * mask, truncated, texts)
+
+
+def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
+    def pad(ts, left, value=0):
+        w = max(t.shape[1] for t in ts)
+        out = []
+        for t in ts:
+            z = torch.full((t.shape[0], w - t.shape[1]), value, dtype=t.dtype, device=t.device)
+            out.append(torch.cat([z, t], 1) if left else torch.cat([t, z], 1))
+        return torch.cat(out)
+    prompt_mask = pad([p.prompt_mask for p in parts], True)
+    return RolloutOutput(
+        pad([p.prompt_ids for p in parts], True, pad_id), prompt_mask,
+        pad([p.completion_ids for p in parts], False, pad_id), pad([p.completion_mask for p in parts], False),
+        pad([p.logprobs for p in parts], False), torch.cat([p.truncated for p in parts]),
+        [t for p in parts for t in p.texts])

@@ -1,0 +1,141 @@
+"""`rlexp train` (also `python -m rlexp.train`): the Hydra train app.
+
+Composes model, dataset, prompt, reward, algorithm, rollout, tracker and optimizer groups with the
+trainer.* settings, validates them, and runs the training loop. Returns the final metrics (the
+Optuna sweeper reads its objective from them).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.config.schema import register, validate
+
+log = logging.getLogger("rlexp.train")
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+register()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def flatten(d, prefix="") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, (int, float, bool, str)) or v is None else json.dumps(v)
+    return out
+
+
+def write_provenance(cfg: DictConfig, run_dir: Path) -> dict:
+    from rlexp.tracking.provenance import git_state, hardware, package_versions
+    run_dir.mkdir(parents=True, exist_ok=True)
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+    prov = {"git": git_state(str(Path(__file__).resolve().parent)), "packages": package_versions(),
+            "hardware": hardware(), "seed": cfg.trainer.seed, "overrides": overrides,
+            "command": " ".join(sys.argv), "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
+    return prov
+
+
+def build_trackers(cfg: DictConfig, run_dir: Path):
+    from rlexp.tracking.base import JSONLTracker, MultiTracker
+    backends = [instantiate(b) for b in (cfg.tracker.get("backends") or {}).values()]
+    return MultiTracker(backends), JSONLTracker(run_dir / "metrics.jsonl")
+
+
+def build_scheduler(optimizer, warmup_steps: int, mu: int):
+    if warmup_steps <= 0:
+        return None
+    total = warmup_steps * mu
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / total))
+
+
+def make_evaluator(cfg: DictConfig, data, prompt_format, rollout):
+    """Greedy accuracy on the held-out split (``eval.size`` prompts)."""
+    if cfg.eval.size <= 0:
+        return None
+    from rlexp.evaluation.greedy import GreedyEvaluator
+    return GreedyEvaluator(data.eval[: cfg.eval.size], prompt_format, rollout, cfg.trainer.accuracy_term and
+                           instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
+                           max_new_tokens=cfg.eval.max_new_tokens)
+
+
+def run(cfg: DictConfig, callbacks: list | None = None):
+    """Build everything from a composed config and train. Returns ``TrainResult``."""
+    from rlexp.models.loading import load_model
+    from rlexp.trainer.loop import Trainer
+    validate(cfg)
+    t = cfg.trainer
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    seed_everything(t.seed)
+    device = resolve_device(t.device)
+    run_dir = Path(t.run_dir)
+    prov = write_provenance(cfg, run_dir)
+    loaded = load_model(cfg.model, device)
+    data = instantiate(cfg.dataset)
+    prompt_format = instantiate(cfg.prompt)
+    reward_terms = {name: instantiate(term) for name, term in cfg.reward.terms.items()}
+    algorithm = instantiate(cfg.algorithm, _convert_="all")
+    rollout = instantiate(cfg.rollout)
+    optimizer = instantiate(cfg.optimizer)(loaded.model.parameters())
+    scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
+    tracker, jsonl = build_trackers(cfg, run_dir)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    tags = {"algorithm": cfg.algorithm.name, "dataset": cfg.dataset.name, "model": cfg.model.name,
+            "seed": str(t.seed), "git_commit": prov["git"]["git_commit"], "git_dirty": prov["git"]["git_dirty"],
+            "run_dir": str(run_dir.resolve()), "mlflow.runName": cfg.run_name or run_dir.name}
+    tags.update({f"hw.{k}": v for k, v in prov["hardware"].items()})
+    tags.update({f"pkg.{k}": v for k, v in prov["packages"].items()})
+    for key in ("sweep", "trial"):
+        if os.environ.get(f"RLEXP_{key.upper()}"):
+            tags[key] = os.environ[f"RLEXP_{key.upper()}"]
+    trainer = Trainer(
+        settings=t, model=loaded.model, tokenizer=loaded.tokenizer, algorithm=algorithm, reward_terms=reward_terms,
+        rollout=rollout, data=data, prompt_format=prompt_format, optimizer=optimizer, scheduler=scheduler,
+        tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
+        params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
+        evaluator=make_evaluator(cfg, data, prompt_format, rollout), callbacks=callbacks)
+    result = trainer.train()
+    log.info("done: step %d  %s", result.last_step,
+             {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")})
+    return result
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig):
+    result = run(cfg)
+    return {**result.metrics, **result.eval_metrics}
+
+
+if __name__ == "__main__":
+    main()

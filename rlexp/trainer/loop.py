@@ -1,0 +1,218 @@
+"""The training loop: one step = sample prompts → roll out G completions each → score → group
+stages → (reference log-probs) → advantages → μ optimiser steps → metrics → trackers."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rlexp.algorithms.algorithm import Algorithm
+from rlexp.algorithms.batch import RolloutBatch
+from rlexp.algorithms.kl import kl_estimate
+from rlexp.algorithms.reference import ReferenceModel
+from rlexp.data.prompts import PromptFormat
+from rlexp.data.sampler import PromptSampler
+from rlexp.data.sources import DatasetSplits
+from rlexp.rewards.scoring import score
+from rlexp.tracking.base import JSONLTracker, Tracker
+from rlexp.trainer import checkpoint as ckpt
+from rlexp.trainer.metrics import batch_metrics
+from rlexp.trainer.optimize import batch_logprobs, policy_update
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageContext:
+    """What a group stage may use: the policy, the reference, the tokenizer, the step, and
+    ``sample(n_prompts)`` which rolls out and scores ``n_prompts`` fresh prompts (DAPO refill)."""
+    policy: Any
+    reference: Any
+    tokenizer: Any
+    step: int
+    sample: Callable[[int], RolloutBatch]
+    settings: Any = None
+    answer_format: str = "hash"
+
+
+@dataclass
+class TrainResult:
+    last_step: int
+    metrics: dict = field(default_factory=dict)
+    eval_metrics: dict = field(default_factory=dict)
+    stopped_early: bool = False
+
+
+class Trainer:
+    def __init__(self, *, settings, model, tokenizer, algorithm: Algorithm, reward_terms: dict, rollout,
+                 data: DatasetSplits, prompt_format: PromptFormat, optimizer, scheduler, tracker: Tracker,
+                 jsonl: JSONLTracker, run_dir: Path, run_name: str, config: dict, params: dict, tags: dict,
+                 accuracy_term: str | None = "accuracy", evaluator: Callable | None = None, callbacks: list | None = None):
+        self.s = settings
+        self.model, self.tok, self.algo = model, tokenizer, algorithm
+        self.reward_terms, self.rollout, self.data, self.prompt_format = reward_terms, rollout, data, prompt_format
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.tracker, self.jsonl = tracker, jsonl
+        self.run_dir, self.run_name = Path(run_dir), run_name
+        self.config, self.params, self.tags = config, params, tags
+        self.accuracy_term, self.evaluator = accuracy_term, evaluator
+        self.callbacks = list(callbacks or [])
+        self.sampler = PromptSampler(data.train, settings.prompts_per_step, settings.seed)
+        self.reference = None
+        if algorithm.needs_reference:
+            r = algorithm.reference
+            self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self._next_group = 0
+
+    # ---- one step, stage by stage -------------------------------------------------------------
+    def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
+        G = self.s.num_generations
+        prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
+        out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
+        n = len(records)
+        groups = torch.arange(self._next_group, self._next_group + n, device=out.completion_ids.device).repeat_interleave(G)
+        self._next_group += n
+        batch = RolloutBatch(
+            prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
+            completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated.to(groups.device),
+            group_ids=groups, prompts=[p for p in prompts for _ in range(G)], completions=out.texts,
+            records=[r for r in records for _ in range(G)])
+        t = time.perf_counter()
+        score(batch, self.reward_terms)
+        batch.stats["time/reward_s"] = batch.stats.get("time/reward_s", 0.0) + time.perf_counter() - t
+        return batch
+
+    def sample(self, n_prompts: int) -> RolloutBatch:
+        saved = self.sampler.batch_size
+        self.sampler.batch_size = n_prompts
+        try:
+            return self.rollout_and_score(self.sampler.next_batch())
+        finally:
+            self.sampler.batch_size = saved
+
+    def train_step(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        timings = {}
+        t0 = time.perf_counter()
+        self._next_group = 0
+        batch = self.rollout_and_score(self.sampler.next_batch())
+        timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
+        timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
+        t1 = time.perf_counter()
+        ctx = StageContext(self.model, self.reference, self.tok, step, self.sample, self.s, self.prompt_format.answer_format)
+        for stage in self.algo.group_stages:
+            batch = stage(batch, ctx)
+        timings["time/group_stage_s"] = time.perf_counter() - t1
+        # stages that refill roll out more: count that as generation time
+        refill = batch.stats.pop("time/reward_s", 0.0)
+        timings["time/reward_s"] += refill
+        if len(batch) == 0:
+            raise RuntimeError(f"step {step}: the group stages left no completions to train on")
+        t2 = time.perf_counter()
+        kl_metrics = {}
+        if self.algo.kl.coef > 0:
+            batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size, self.rollout.temperature)
+            if self.algo.kl.mode == "reward":
+                pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
+                kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
+                batch.reward = batch.reward - self.algo.kl.coef * kl
+                kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
+        if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
+            batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature)
+        batch.advantages = self.algo.advantage(batch)
+        train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
+                              micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
+                              max_grad_norm=self.s.max_grad_norm)
+        if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
+            train["reference/ema_updates"] = 1.0
+        timings["time/train_s"] = time.perf_counter() - t2
+        timings["time/step_s"] = time.perf_counter() - t0
+        tokens = float(batch.completion_mask.sum())
+        timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
+        timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
+        metrics = {**batch_metrics(batch, self.accuracy_term), **train, **kl_metrics, **timings}
+        return batch, metrics
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        start_step, tracker_ids = 0, None
+        found = ckpt.find_checkpoint(self.ckpt_dir) if self.s.resume else None
+        if found is not None:
+            meta = ckpt.load_checkpoint(found, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                        sampler=self.sampler, reference=self.reference)
+            start_step, tracker_ids = meta["step"], meta.get("tracker_ids")
+            log.info("Resuming from %s at step %d", found, start_step)
+        elif self.s.resume and self.jsonl.path.exists() and self.jsonl.last_step() > 0:
+            raise RuntimeError(f"{self.run_dir} already holds logged steps but no checkpoint to resume from; "
+                               "use a new run directory")
+        tracker_ids = tracker_ids or self._saved_tracker_ids()
+        ids = self.tracker.start(self.run_name, self.config, self.params, self.tags, tracker_ids)
+        self._save_tracker_ids(ids)
+        if not tracker_ids:
+            self._log_config_artifacts()
+        self.jsonl.start(self.run_name, self.config, self.params, self.tags)
+        last_logged = self.jsonl.last_step()
+        result = TrainResult(start_step)
+        status = "FAILED"
+        try:
+            result = self._loop(start_step, last_logged, ids)
+            status = "FINISHED"
+            return result
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            self.tracker.finish(status)
+
+    def _loop(self, start_step: int, last_logged: int, ids) -> TrainResult:
+        from rlexp.trainer.progress import TrainProgress
+        s = self.s
+        result = TrainResult(start_step)
+        with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress) as bar:
+            for step in range(start_step + 1, s.max_steps + 1):
+                _, metrics = self.train_step(step)
+                eval_metrics = {}
+                if self.evaluator is not None and s.eval_every and (step % s.eval_every == 0 or step == s.max_steps):
+                    eval_metrics = self.evaluator(self.model, self.tok, step)
+                    metrics.update(eval_metrics)
+                    result.eval_metrics = eval_metrics
+                if step > last_logged:  # a resumed run recomputes the steps after its checkpoint: log each once
+                    self.jsonl.log_metrics(metrics, step)
+                    self.tracker.log_metrics(metrics, step)
+                if any(not math.isfinite(v) for k, v in metrics.items() if k.startswith("loss")):
+                    raise FloatingPointError(f"step {step}: non-finite loss {metrics.get('loss/total')}")
+                result.last_step, result.metrics = step, metrics
+                bar.update(step, metrics)
+                stop = False
+                for cb in self.callbacks:
+                    stop |= bool(cb.on_step_end(step, metrics, eval_metrics))
+                if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop:
+                    ckpt.save_checkpoint(self.ckpt_dir, step=step, model=self.model, optimizer=self.optimizer,
+                                         scheduler=self.scheduler, sampler=self.sampler, reference=self.reference,
+                                         tracker_ids=ids)
+                if stop:
+                    result.stopped_early = True
+                    break
+        return result
+
+    # ---- tracker bookkeeping ------------------------------------------------------------------
+    def _saved_tracker_ids(self):
+        import json
+        p = self.run_dir / "tracker_ids.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def _save_tracker_ids(self, ids) -> None:
+        import json
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "tracker_ids.json").write_text(json.dumps(ids))
+
+    def _log_config_artifacts(self) -> None:
+        for name in ("config.yaml", "overrides.yaml", "provenance.json"):
+            p = self.run_dir / name
+            if p.exists():
+                self.tracker.log_artifact(str(p))

@@ -1,0 +1,88 @@
+"""The update: μ passes over one rollout batch, each pass one optimiser step accumulated over
+micro-batches, with whole-batch loss normalisers (see ``aggregation``)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from rlexp.algorithms.aggregation import Normaliser, aggregate
+from rlexp.algorithms.algorithm import Algorithm
+from rlexp.algorithms.batch import RolloutBatch
+from rlexp.algorithms.kl import kl_estimate
+from rlexp.trainer.policy import token_logprobs, trim
+
+
+def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Row indices per micro-batch; rows are length-sorted so padding inside a micro-batch is small."""
+    order = torch.argsort(lengths, descending=True, stable=True) if lengths is not None else torch.arange(n)
+    size = size if size > 0 else n
+    return [order[i:i + size] for i in range(0, n, size)]
+
+
+def _rows(batch: RolloutBatch, idx: torch.Tensor):
+    return trim(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx], batch.completion_mask[idx])
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float) -> torch.Tensor:
+    """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
+    out = torch.zeros_like(batch.sampling_logprobs)
+    for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
+        p, pm, c, cm, end = _rows(batch, idx)
+        lp, _ = token_logprobs(model, p, pm, c, cm, temperature)
+        out[idx.to(out.device), :end] = lp * cm
+    return out
+
+
+def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
+                  temperature: float, max_grad_norm: float | None) -> dict[str, float]:
+    """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes."""
+    mask = batch.completion_mask
+    norm = Normaliser.from_mask(mask, algo.count_empty_rows, algo.norm_length)
+    old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
+    want_entropy = True
+    sums: dict[str, float] = defaultdict(float)
+    token_count = float(mask.sum().clamp(min=1))
+    for _ in range(mu):
+        optimizer.zero_grad(set_to_none=True)
+        pass_sums: dict[str, float] = defaultdict(float)
+        for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
+            dev_idx = idx.to(mask.device)
+            p, pm, c, cm, end = _rows(batch, dev_idx)
+            logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy)
+            old_lp = old[dev_idx, :end]
+            if mu == 1 and batch.old_logprobs is None:
+                old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
+            adv = batch.advantages[dev_idx]
+            adv = adv[:, :end] if adv.dim() == 2 else adv
+            out = algo.loss(logp, old_lp, adv, cm)
+            per_token = out.per_token
+            if algo.kl.coef > 0 and algo.kl.mode == "loss":
+                kl = kl_estimate(logp, batch.ref_logprobs[dev_idx, :end], algo.kl.estimator)
+                per_token = per_token + algo.kl.coef * kl
+                pass_sums["kl/mean"] += float((kl.detach() * cm).sum())
+            if algo.entropy_coef:
+                per_token = per_token - algo.entropy_coef * entropy
+            loss = aggregate(per_token, cm, algo.aggregation, norm)
+            loss.backward()
+            pass_sums["loss/total"] += float(loss.detach())
+            pass_sums["entropy/mean"] += float((entropy.detach() * cm).sum())
+            for k, v in out.token_stats.items():
+                pass_sums[k] += float((v.detach().float() * cm).sum())
+            if "ratio/mean" in out.token_stats:
+                r = out.token_stats["ratio/mean"].detach()
+                valid = cm.bool()
+                if valid.any():
+                    sums["ratio/max"] = max(sums.get("ratio/max", 0.0), float(r[valid].max()))
+                    sums["ratio/min"] = min(sums.get("ratio/min", float("inf")), float(r[valid].min()))
+        params = [q for q in model.parameters() if q.grad is not None]
+        gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        sums["grad_norm"] += float(gn) / mu
+        for k, v in pass_sums.items():
+            sums[k] += (v if k == "loss/total" else v / token_count) / mu
+    sums["lr"] = optimizer.param_groups[0]["lr"]
+    return dict(sums)

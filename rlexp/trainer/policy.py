@@ -1,0 +1,41 @@
+"""Per-token log-probs (and entropies) of completion tokens under a causal LM.
+
+Only the completion positions go through the LM head (``logits_to_keep``), so full-vocabulary
+logits exist for at most one micro-batch of completion tokens at a time. Position ids follow the
+attention mask, matching ``generate`` with left-padded prompts.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)
+    attention = torch.cat([prompt_mask, completion_mask], 1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention, positions
+
+
+def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked."""
+    input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    T = completion_ids.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                   logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
+    logits = logits.float() / temperature
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Drop columns that are padding in every row (left of prompts, right of completions)."""
+    keep_p = prompt_mask.any(0).nonzero()
+    start = int(keep_p[0]) if keep_p.numel() else prompt_mask.shape[1]
+    keep_c = completion_mask.any(0).nonzero()
+    end = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+    return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :end], completion_mask[:, :end], end
