@@ -1,0 +1,39 @@
+"""Shared test helpers: compose the train app's config the way the CLI does, on the tiny model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
+
+from rlexp.train import CONF_DIR
+
+TINY = ["model=tiny", "trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.num_generations=4",
+        "trainer.max_new_tokens=12", "trainer.micro_batch_size=4", "tracker=none", "trainer.progress=false",
+        "dataset.train_size=64", "dataset.eval_size=8", "trainer.checkpoint_every=0"]
+
+
+def compose_train(overrides: list[str], run_dir: Path, config_name: str = "config"):
+    """The composed, hydra-free config (``trainer.run_dir`` set to ``run_dir``)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    OmegaConf.set_readonly(cfg.hydra, False)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.runtime.cwd = str(run_dir)
+    HydraConfig.instance().set_config(cfg)  # resolves ${hydra:...} interpolations like the CLI does
+    with open_dict(cfg):
+        cfg.trainer.run_dir = str(run_dir)
+        del cfg["hydra"]
+    return cfg
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    def make(*overrides: str, config_name: str = "config"):
+        return compose_train([*TINY, *overrides], tmp_path / "run", config_name)
+    return make
