@@ -30,6 +30,7 @@ class TrainerConfig:
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     num_threads: int = 0               # torch CPU threads; 0 = torch's default
     accuracy_term: Optional[str] = "accuracy"
+    autocast: str = "auto"             # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
 
 
 @dataclass

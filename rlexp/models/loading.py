@@ -39,8 +39,8 @@ def default_cache_dir() -> Path:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == "auto":  # fp32 master weights; compute runs in bf16 through trainer.autocast
+        return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r} is not one of {['auto', *DTYPES]}")
     return DTYPES[dtype]
@@ -60,9 +60,11 @@ def gguf_file_path(package: str, filename: str) -> Path:
     return path
 
 
-def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike | None = None) -> Path:
+def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike | None = None,
+                      gguf_path: str | None = None) -> Path:
     """Dequantise a packaged GGUF into a ``save_pretrained`` directory (once; a file lock guards
-    concurrent jobs of a multirun). Returns the directory."""
+    concurrent jobs of a multirun). ``gguf_path`` points at the file directly instead of a package.
+    Returns the directory."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     target = cache / "models" / Path(filename).stem
     marker = target / ".complete"
@@ -72,7 +74,7 @@ def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike 
     with FileLock(str(target) + ".lock"):
         if marker.exists():
             return target
-        src = gguf_file_path(package, filename)
+        src = Path(gguf_path) if gguf_path else gguf_file_path(package, filename)
         log.info("Converting %s to a transformers checkpoint in %s (one time)", src.name, target)
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
@@ -106,8 +108,8 @@ def load_pretrained(path: str, dtype: torch.dtype, device: torch.device, name: s
 
 
 def load_gguf_package(package: str, gguf_file: str, dtype: torch.dtype, device: torch.device,
-                      name: str, cache_dir: str | None = None, **_) -> LoadedModel:
-    path = convert_gguf_once(package, gguf_file, cache_dir)
+                      name: str, cache_dir: str | None = None, gguf_path: str | None = None, **_) -> LoadedModel:
+    path = convert_gguf_once(package, gguf_file, cache_dir, gguf_path)
     return load_pretrained(str(path), dtype, device, name=name)
 
 

@@ -48,6 +48,31 @@ class TrainResult:
     stopped_early: bool = False
 
 
+def cpu_has_bf16_matmul() -> bool:
+    """AMX / AVX512-BF16 units make bf16 matmuls ~3x faster than fp32 on the CPU (measured: SmolLM2
+    forward+backward of 32x100 tokens, 14.2 s fp32 vs 4.9 s bf16 autocast on a 2-core Xeon with AMX)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def resolve_autocast(mode: str, param: torch.Tensor) -> torch.dtype | None:
+    """Matmul dtype for the training forward (weights and optimiser state stay in their dtype)."""
+    if mode == "off" or param.dtype != torch.float32:
+        return None
+    if mode == "bf16":
+        return torch.bfloat16
+    if mode == "fp16":
+        return torch.float16
+    if mode != "auto":
+        raise ValueError(f"trainer.autocast={mode!r} is not one of ['auto', 'bf16', 'fp16', 'off']")
+    if param.device.type == "cuda" or cpu_has_bf16_matmul():
+        return torch.bfloat16
+    return None
+
+
 class Trainer:
     def __init__(self, *, settings, model, tokenizer, algorithm: Algorithm, reward_terms: dict, rollout,
                  data: DatasetSplits, prompt_format: PromptFormat, optimizer, scheduler, tracker: Tracker,
@@ -68,13 +93,16 @@ class Trainer:
             r = algorithm.reference
             self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
         G = self.s.num_generations
         prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
-        out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
+        with torch.autocast(self.model.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
         n = len(records)
         groups = torch.arange(self._next_group, self._next_group + n, device=out.completion_ids.device).repeat_interleave(G)
         self._next_group += n
@@ -116,18 +144,20 @@ class Trainer:
         t2 = time.perf_counter()
         kl_metrics = {}
         if self.algo.kl.coef > 0:
-            batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size, self.rollout.temperature)
+            batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size,
+                                                self.rollout.temperature, self.autocast_dtype)
             if self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
                 kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
-            batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature)
+            batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature,
+                                                self.autocast_dtype)
         batch.advantages = self.algo.advantage(batch)
         train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
                               micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
-                              max_grad_norm=self.s.max_grad_norm)
+                              max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2

@@ -25,18 +25,20 @@ def _rows(batch: RolloutBatch, idx: torch.Tensor):
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float) -> torch.Tensor:
+def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float,
+                   autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
     for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
         p, pm, c, cm, end = _rows(batch, idx)
-        lp, _ = token_logprobs(model, p, pm, c, cm, temperature)
+        lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype)
         out[idx.to(out.device), :end] = lp * cm
     return out
 
 
 def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
-                  temperature: float, max_grad_norm: float | None) -> dict[str, float]:
+                  temperature: float, max_grad_norm: float | None,
+                  autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes."""
     mask = batch.completion_mask
     norm = Normaliser.from_mask(mask, algo.count_empty_rows, algo.norm_length)
@@ -50,7 +52,8 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
         for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
             dev_idx = idx.to(mask.device)
             p, pm, c, cm, end = _rows(batch, dev_idx)
-            logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy)
+            logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
+                                           autocast_dtype=autocast_dtype)
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π

@@ -17,12 +17,15 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked."""
+                   with_entropy: bool = False, autocast_dtype: torch.dtype | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
+    ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32."""
     input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     T = completion_ids.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                   logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
+    with torch.autocast(input_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                       logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
     logits = logits.float() / temperature
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
