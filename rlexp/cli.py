@@ -8,6 +8,8 @@ USAGE = """usage: rlexp <command> [overrides...]
 commands:
   train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
   list      list config options: `rlexp list algorithms|models|datasets|rewards|...`
+  compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
+  replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
 """
 
 
@@ -24,6 +26,12 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "list":
         from rlexp.listing import main as list_main
         list_main(rest)
+    elif cmd == "compare":
+        from rlexp.compare import main as compare_main
+        compare_main(rest)
+    elif cmd == "replay":
+        from rlexp.replay import main as replay_main
+        replay_main(rest)
     else:
         print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

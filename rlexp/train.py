@@ -54,16 +54,9 @@ def flatten(d, prefix="") -> dict[str, str]:
 
 
 def write_provenance(cfg: DictConfig, run_dir: Path) -> dict:
-    from rlexp.tracking.provenance import git_state, hardware, package_versions
-    run_dir.mkdir(parents=True, exist_ok=True)
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
-    prov = {"git": git_state(str(Path(__file__).resolve().parent)), "packages": package_versions(),
-            "hardware": hardware(), "seed": cfg.trainer.seed, "overrides": overrides,
-            "command": " ".join(sys.argv), "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
-    return prov
+    """config.yaml, overrides.yaml and provenance.json in the run dir (see rlexp.tracking.provenance)."""
+    from rlexp.tracking.provenance import write_provenance as write
+    return write(cfg, run_dir, code_dir=str(Path(__file__).resolve().parent))
 
 
 def build_trackers(cfg: DictConfig, run_dir: Path):
@@ -92,6 +85,7 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout):
 def run(cfg: DictConfig, callbacks: list | None = None):
     """Build everything from a composed config and train. Returns ``TrainResult``."""
     from rlexp.models.loading import load_model
+    from rlexp.tracking.provenance import finish_provenance, run_tags
     from rlexp.trainer.loop import Trainer
     validate(cfg)
     t = cfg.trainer
@@ -111,21 +105,22 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
     tracker, jsonl = build_trackers(cfg, run_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
-    tags = {"algorithm": cfg.algorithm.name, "dataset": cfg.dataset.name, "model": cfg.model.name,
-            "seed": str(t.seed), "git_commit": prov["git"]["git_commit"], "git_dirty": prov["git"]["git_dirty"],
-            "run_dir": str(run_dir.resolve()), "mlflow.runName": cfg.run_name or run_dir.name}
-    tags.update({f"hw.{k}": v for k, v in prov["hardware"].items()})
-    tags.update({f"pkg.{k}": v for k, v in prov["packages"].items()})
-    for key in ("sweep", "trial"):
-        if os.environ.get(f"RLEXP_{key.upper()}"):
-            tags[key] = os.environ[f"RLEXP_{key.upper()}"]
+    tags = run_tags(cfg, prov, run_dir)
     trainer = Trainer(
         settings=t, model=loaded.model, tokenizer=loaded.tokenizer, algorithm=algorithm, reward_terms=reward_terms,
         rollout=rollout, data=data, prompt_format=prompt_format, optimizer=optimizer, scheduler=scheduler,
         tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
         params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
         evaluator=make_evaluator(cfg, data, prompt_format, rollout), callbacks=callbacks)
-    result = trainer.train()
+    status = "FAILED"
+    try:
+        result = trainer.train()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        finish_provenance(run_dir, status)
     log.info("done: step %d  %s", result.last_step,
              {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")})
     return result

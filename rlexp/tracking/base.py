@@ -23,6 +23,11 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
+    def backfill(self, rows: list[dict]) -> None:
+        """Called when a run resumes, with every row of its ``metrics.jsonl``: log the (metric, step)
+        values this tracker does not hold yet (a kill can land between the JSONL write and the
+        tracker's), so no logged step is lost or duplicated. Default: nothing."""
+
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
@@ -39,7 +44,16 @@ class JSONLTracker(Tracker):
 
     def start(self, run_name, config, params, tags, resume_id=None):
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repair()
         return str(self.path)
+
+    def repair(self) -> None:
+        """Cut a torn last line (a run killed mid-write) so the next row starts on a line of its own."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def log_metrics(self, metrics, step):
         row = {"step": step, "time": time.time(), **{k: _num(v) for k, v in metrics.items()}}
@@ -89,6 +103,13 @@ class MultiTracker(Tracker):
         for t in self.trackers:
             t.set_tags(tags)
 
+    def backfill(self, rows):
+        for t in self.trackers:
+            t.backfill(rows)
+
     def finish(self, status="FINISHED"):
+        """Tag the end time, then finish every tracker."""
+        from rlexp.tracking.provenance import now_iso
+        self.set_tags({"end_time": now_iso()})
         for t in self.trackers:
             t.finish(status)

@@ -180,13 +180,21 @@ class Trainer:
         elif self.s.resume and self.jsonl.path.exists() and self.jsonl.last_step() > 0:
             raise RuntimeError(f"{self.run_dir} already holds logged steps but no checkpoint to resume from; "
                                "use a new run directory")
-        tracker_ids = tracker_ids or self._saved_tracker_ids()
+        # an id missing from the checkpoint (tracker unreachable then) may since have been filled in
+        # tracker_ids.json by `rlexp replay`
+        saved = self._saved_tracker_ids()
+        if isinstance(tracker_ids, dict) and isinstance(saved, dict):
+            tracker_ids = {**saved, **{k: v for k, v in tracker_ids.items() if v}}
+        tracker_ids = tracker_ids or saved
         ids = self.tracker.start(self.run_name, self.config, self.params, self.tags, tracker_ids)
         self._save_tracker_ids(ids)
         if not tracker_ids:
             self._log_config_artifacts()
         self.jsonl.start(self.run_name, self.config, self.params, self.tags)
         last_logged = self.jsonl.last_step()
+        if found is not None and last_logged > 0:  # steps logged to the JSONL but not to a tracker before a kill
+            from rlexp.tracking.base import read_jsonl
+            self.tracker.backfill(read_jsonl(self.jsonl.path))
         result = TrainResult(start_step)
         status = "FAILED"
         try:
