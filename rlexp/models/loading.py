@@ -66,7 +66,7 @@ def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike 
     concurrent jobs of a multirun). ``gguf_path`` points at the file directly instead of a package.
     Returns the directory."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache / "models" / Path(filename).stem
+    target = cache / "models" / f"{Path(gguf_path or filename).stem}-v2"
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -80,6 +80,8 @@ def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike 
         dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
         # The dequantised model cannot be save_pretrained directly: rebuild it from its config.
         config = dequant.config
+        if hasattr(config, "quantization_config"):  # else the copy is flagged as GGUF-quantised, unsaveable
+            del config.quantization_config
         clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = clean.load_state_dict(dequant.state_dict(), strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
