@@ -36,12 +36,19 @@ PERMANENT_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOU
                     "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED", "MALFORMED_REQUEST"}
 
 
+_SET_BY_US: dict[str, str] = {}
+
+
 def bound_http_waits(request_timeout: int = 5, max_retries: int = 1, backoff_factor: int = 1) -> None:
-    """Default MLflow's HTTP timeout/retry settings to short values (set variables win)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(request_timeout)))
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(max_retries)))
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", str(int(backoff_factor)))
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5")
+    """Set MLflow's HTTP timeout/retry variables to short values, unless the user set them (a value
+    this function set earlier is the user's no more than ours: it is updated)."""
+    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(request_timeout)),
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(max_retries)),
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(int(backoff_factor)),
+              "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
+    for k, v in wanted.items():
+        if k not in os.environ or os.environ[k] == _SET_BY_US.get(k):
+            os.environ[k] = _SET_BY_US[k] = v
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -51,12 +58,15 @@ def is_permanent(exc: BaseException) -> bool:
 
 
 def experiment_id(client, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created (with ``artifact_location``) if missing."""
+    """The id of experiment ``name``, created (with ``artifact_location``) if missing. A local
+    ``artifact_location`` applies to a local store only; on a tracking server the server's own
+    artifact store is used (a path on this machine would be invisible to the server's UI)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     loc = None
-    if artifact_location:
+    remote = client.tracking_uri.startswith(("http://", "https://"))
+    if artifact_location and not (remote and "://" not in artifact_location):
         loc = artifact_location if "://" in artifact_location else Path(artifact_location).absolute().as_uri()
     try:
         return client.create_experiment(name, artifact_location=loc)

@@ -1,0 +1,115 @@
+"""Tracking test helpers: a real ``mlflow server`` on loopback (SQLite backend, or PostgreSQL when a
+``postgresql://`` URI is given) that a test can kill, restart, pause (SIGSTOP) and resume."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HTTP_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+             "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_TRACKING_URI")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """``mlflow server`` in its own process group (so its workers go with it) on 127.0.0.1."""
+
+    def __init__(self, root: Path, backend_uri: str | None = None, port: int | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.backend_uri = backend_uri or f"sqlite:///{self.root / 'mlflow.db'}"
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> "MlflowServer":
+        self.starts += 1
+        log = open(self.root / f"server-{self.starts}.log", "w")
+        mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+        self.proc = subprocess.Popen(
+            [mlflow_bin, "server", "--backend-store-uri", self.backend_uri, "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1", "--artifacts-destination", str(self.root / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}): "
+                                   f"{(self.root / f'server-{self.starts}.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        self.kill()
+        raise TimeoutError(f"mlflow server on {self.url} not healthy after {timeout} s")
+
+    def _signal(self, sig) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers (an abrupt outage)."""
+        if self.proc is None:
+            return
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections but nothing answers (a hung server)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A started server (SQLite backend in the test's tmp dir); killed at teardown."""
+    server = MlflowServer(tmp_path / "server").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def make_mlflow_server(tmp_path):
+    """``make(backend_uri=None)`` → a started server; every one is killed at teardown."""
+    servers = []
+
+    def make(backend_uri: str | None = None, name: str = "server") -> MlflowServer:
+        servers.append(MlflowServer(tmp_path / name, backend_uri).start())
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.kill()
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_env():
+    """The MLflow tracker shortens MLflow's HTTP waits through environment variables: undo that."""
+    saved = {k: os.environ.get(k) for k in HTTP_VARS}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
