@@ -9,7 +9,7 @@ import torch
 from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.batch import RolloutBatch
-from rlexp.algorithms.kl import kl_estimate
+from rlexp.algorithms.masks import loss_mask
 from rlexp.trainer.policy import token_logprobs, trim
 
 
@@ -39,8 +39,9 @@ def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: fl
 def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
                   temperature: float, max_grad_norm: float | None,
                   autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes."""
-    mask = batch.completion_mask
+    """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes. With a critic
+    (``algo.critic``), μ critic passes follow on the same batch."""
+    mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
     norm = Normaliser.from_mask(mask, algo.count_empty_rows, algo.norm_length)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
     want_entropy = True
@@ -59,23 +60,18 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
             adv = batch.advantages[dev_idx]
             adv = adv[:, :end] if adv.dim() == 2 else adv
-            out = algo.loss(logp, old_lp, adv, cm)
-            per_token = out.per_token
-            if algo.kl.coef > 0 and algo.kl.mode == "loss":
-                kl = kl_estimate(logp, batch.ref_logprobs[dev_idx, :end], algo.kl.estimator)
-                per_token = per_token + algo.kl.coef * kl
-                pass_sums["kl/mean"] += float((kl.detach() * cm).sum())
-            if algo.entropy_coef:
-                per_token = per_token - algo.entropy_coef * entropy
-            loss = aggregate(per_token, cm, algo.aggregation, norm)
+            lm = mask[dev_idx, :end]
+            ref_lp = batch.ref_logprobs[dev_idx, :end] if batch.ref_logprobs is not None else None
+            out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
+            loss = aggregate(out.per_token, lm, algo.aggregation, norm)
             loss.backward()
             pass_sums["loss/total"] += float(loss.detach())
-            pass_sums["entropy/mean"] += float((entropy.detach() * cm).sum())
+            pass_sums["entropy/mean"] += float((entropy.detach() * lm).sum())
             for k, v in out.token_stats.items():
-                pass_sums[k] += float((v.detach().float() * cm).sum())
+                pass_sums[k] += float((v.detach().float() * lm).sum())
             if "ratio/mean" in out.token_stats:
                 r = out.token_stats["ratio/mean"].detach()
-                valid = cm.bool()
+                valid = lm.bool()
                 if valid.any():
                     sums["ratio/max"] = max(sums.get("ratio/max", 0.0), float(r[valid].max()))
                     sums["ratio/min"] = min(sums.get("ratio/min", float("inf")), float(r[valid].min()))
@@ -88,4 +84,6 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
         for k, v in pass_sums.items():
             sums[k] += (v if k == "loss/total" else v / token_count) / mu
     sums["lr"] = optimizer.param_groups[0]["lr"]
+    if algo.critic is not None:
+        sums.update(algo.critic.update(batch, mu=mu, micro_batch=micro_batch, autocast_dtype=autocast_dtype))
     return dict(sums)
