@@ -88,6 +88,8 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     from rlexp.tracking.provenance import finish_provenance, run_tags
     from rlexp.trainer.loop import Trainer
     validate(cfg)
+    from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
+    callbacks = [*(callbacks or []), *sweep_callbacks(cfg)]
     t = cfg.trainer
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
@@ -112,6 +114,9 @@ def run(cfg: DictConfig, callbacks: list | None = None):
         tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
         params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
         evaluator=make_evaluator(cfg, data, prompt_format, rollout), callbacks=callbacks)
+    for cb in callbacks:
+        if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)
+            cb.bind(trainer)
     status = "FAILED"
     try:
         result = trainer.train()

@@ -40,6 +40,15 @@ class EvalConfig:
 
 
 @dataclass
+class TrialConfig:
+    """Set by the Optuna sweeper (``hydra/sweeper=rlexp_optuna``) on each job it launches: the study
+    this run is a trial of (it reports its metric there and may be pruned). Null outside sweeps."""
+    storage: Optional[str] = None      # Optuna storage URL (resolved, absolute)
+    study: Optional[str] = None
+    number: Optional[int] = None
+
+
+@dataclass
 class RLExpConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -53,6 +62,7 @@ class RLExpConfig:
     optimizer: Any = MISSING
     run_name: Optional[str] = None
     experiment: Optional[str] = None
+    trial: TrialConfig = field(default_factory=TrialConfig)
 
 
 def register() -> None:
