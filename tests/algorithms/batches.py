@@ -1,0 +1,34 @@
+"""Small hand-made RolloutBatches for the algorithm unit tests."""
+from __future__ import annotations
+
+import torch
+
+from rlexp.algorithms.batch import RolloutBatch
+
+
+def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=None, weights=None) -> RolloutBatch:
+    """One row per group id. ``rewards``: the total per row (ignored when ``terms``, (N, R) per-term
+    scores, are given: the total is then their weighted sum); ``lengths``: valid completion tokens per
+    row (default 2)."""
+    n = len(groups)
+    lengths = [2] * n if lengths is None else list(lengths)
+    width = width or max(max(lengths), 1)
+    pos = torch.arange(width)[None, :]
+    mask = (pos < torch.tensor(lengths)[:, None]).long()
+    if terms is None:
+        scores = torch.tensor(rewards, dtype=torch.float32)[:, None]
+        names, w = ["r"], torch.ones(1)
+    else:
+        scores = torch.tensor(terms, dtype=torch.float32)
+        names = [f"t{j}" for j in range(scores.shape[1])]
+        w = torch.tensor(weights if weights is not None else [1.0] * scores.shape[1], dtype=torch.float32)
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(n, 3, dtype=torch.long), prompt_mask=torch.ones(n, 3, dtype=torch.long),
+        completion_ids=torch.full((n, width), 5, dtype=torch.long) * mask, completion_mask=mask,
+        sampling_logprobs=torch.zeros(n, width), truncated=torch.tensor(truncated or [False] * n),
+        group_ids=torch.tensor(groups), prompts=[f"p{g}" for g in groups], completions=["c"] * n,
+        records=[{"question": f"q{g}", "answer": "1"} for g in groups])
+    batch.rewards, batch.reward_names, batch.reward_weights = scores, names, w
+    batch.reward_failures = torch.zeros_like(scores, dtype=torch.bool)
+    batch.reward = torch.tensor(rewards, dtype=torch.float32) if terms is None else scores @ w
+    return batch

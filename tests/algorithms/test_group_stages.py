@@ -1,0 +1,138 @@
+"""Group stages: DAPO dynamic sampling (drop zero-variance groups, refill), overlong masking, soft
+overlong punishment, and ReMax's greedy baseline."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.algorithms.batches import make_batch
+from rlexp.algorithms import group_stages as S
+from rlexp.algorithms.aggregation import Normaliser
+from rlexp.algorithms.masks import loss_mask
+from rlexp.rewards.terms import RewardTerm
+from rlexp.rollout.hf import RolloutOutput
+
+
+class Refills:
+    """ctx.sample stand-in: hands out prepared batches and records how many prompts were asked."""
+
+    def __init__(self, *batches):
+        self.batches, self.asked = list(batches), []
+
+    def __call__(self, n):
+        self.asked.append(n)
+        b = self.batches.pop(0)
+        b.stats["time/reward_s"] = 0.25
+        return b
+
+
+def ctx_with(sample=None, **settings):
+    return SimpleNamespace(settings=SimpleNamespace(**settings), sample=sample)
+
+
+def test_dynamic_sampling_drops_degenerate_groups_and_refills():
+    batch = make_batch([1, 0, 1, 1], [0, 0, 1, 1])                # group 1 has zero variance
+    refill = Refills(make_batch([0, 0, 1, 0], [2, 2, 3, 3]))       # group 2 degenerate, group 3 kept
+    out = S.dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=3)
+    assert out.group_ids.tolist() == [0, 0, 3, 3]
+    assert out.reward.tolist() == [1, 0, 1, 0]
+    assert refill.asked == [1]
+    assert out.stats["dynamic_sampling/rounds"] == 1 and out.stats["dynamic_sampling/kept_groups"] == 2
+    assert out.stats["dynamic_sampling/sampled_groups"] == 4 and out.stats["dynamic_sampling/dropped_groups"] == 2
+    assert out.stats["time/reward_s"] == 0.25
+
+
+def test_dynamic_sampling_trims_surplus_groups_and_respects_max_rounds():
+    batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1])
+    refill = Refills(make_batch([1, 0, 0, 1, 1, 0], [2, 2, 3, 3, 4, 4]), make_batch([1, 0], [5, 5]))
+    out = S.dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=1, oversample=1.5)
+    assert out.group_ids.tolist() == [2, 2, 3, 3]                  # third kept group is surplus
+    assert refill.asked == [3]                                      # ⌈2 · 1.5⌉
+    short = S.dynamic_sampling(make_batch([1, 1, 1, 0], [0, 0, 1, 1]), ctx_with(Refills(), prompts_per_step=2),
+                               max_rounds=0)
+    assert short.group_ids.tolist() == [1, 1] and short.stats["dynamic_sampling/rounds"] == 0
+
+
+def test_dynamic_sampling_keeps_the_batch_when_nothing_varies():
+    batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1])
+    out = S.dynamic_sampling(batch, ctx_with(Refills(make_batch([0, 0], [2, 2])), prompts_per_step=2), max_rounds=1)
+    assert out.group_ids.tolist() == [0, 0, 1, 1] and out.stats["dynamic_sampling/kept_groups"] == 0
+
+
+def test_dynamic_sampling_filters_on_a_named_term():
+    terms = [[1, 0], [1, 1], [0, 1], [1, 1]]     # term t0 varies only in group 1, term t1 only in group 0
+    batch = make_batch(None, [0, 0, 1, 1], terms=terms)
+    out = S.dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="t0", max_rounds=0)
+    assert out.group_ids.tolist() == [1, 1]
+    with pytest.raises(KeyError, match="accuracy"):
+        S.dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="accuracy")
+
+
+def test_overlong_mask_removes_truncated_rows_from_the_loss_only():
+    batch = make_batch([1, 0, 1], [0, 0, 0], lengths=[2, 3, 1], truncated=[False, True, False])
+    out = S.overlong_mask(batch)
+    assert loss_mask(out).tolist() == [[1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    assert out.completion_mask.sum() == 6 and out.lengths.tolist() == [2, 3, 1]   # completions untouched
+    assert out.stats["overlong/masked_frac"] == pytest.approx(1 / 3)
+    norm = Normaliser.from_mask(loss_mask(out))
+    assert norm.total_tokens == 3 and norm.total_rows == 2
+
+
+def test_soft_overlong_punishment_by_hand():
+    lengths = torch.tensor([5, 6, 9, 10, 12])
+    # L_max 10, L_cache 4: free up to 6, then (6 − |y|)/4, −1 beyond L_max
+    assert S.soft_overlong_punishment(lengths, 10, 4).tolist() == [0.0, 0.0, -0.75, -1.0, -1.0]
+
+
+def test_overlong_penalty_is_added_as_a_reward_term():
+    batch = make_batch([1.0, 0.5], [0, 0], lengths=[2, 9], width=10)
+    out = S.overlong_penalty(batch, ctx_with(max_new_tokens=10), cache_fraction=0.4, weight=0.5)
+    assert out.reward_names == ["r", "overlong"]
+    assert out.rewards[:, 1].tolist() == [0.0, -0.75]
+    assert out.reward.tolist() == [1.0, 0.5 - 0.375]
+    assert out.reward_weights.tolist() == [1.0, 0.5] and out.reward_failures.shape == (2, 2)
+    torch.testing.assert_close(out.rewards @ out.reward_weights, out.reward)
+    with pytest.raises(ValueError, match="cache_length"):
+        S.overlong_penalty(make_batch([1.0], [0]), ctx_with(max_new_tokens=10), cache_length=11)
+
+
+class FirstLetterIsA(RewardTerm):
+    def score(self, sample):
+        return float(sample.completion.startswith("a"))
+
+
+class GreedyRollout:
+    def __init__(self, texts):
+        self.texts, self.calls = texts, []
+
+    def generate(self, model, tokenizer, prompts, num_generations=1, greedy=False, max_new_tokens=None):
+        self.calls.append((list(prompts), num_generations, greedy))
+        n = len(prompts)
+        mask = torch.ones(n, 2, dtype=torch.long)
+        return RolloutOutput(torch.ones(n, 3, dtype=torch.long), torch.ones(n, 3, dtype=torch.long),
+                             torch.ones(n, 2, dtype=torch.long), mask, torch.zeros(n, 2),
+                             torch.zeros(n, dtype=torch.bool), self.texts[:n])
+
+
+def test_greedy_baseline_scores_one_greedy_completion_per_prompt():
+    batch = make_batch([1, 0, 0, 1, 1], [0, 0, 0, 1, 1])
+    rollout = GreedyRollout(["ab", "ba"])
+    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout=rollout,
+                          reward_terms={"a": FirstLetterIsA()}, settings=None, sample=None)
+    out = S.greedy_baseline(batch, ctx)
+    assert rollout.calls == [(["p0", "p1"], 1, True)]
+    assert out.extras["greedy_reward"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert out.stats["remax/greedy_reward_mean"] == 0.5
+
+
+def test_greedy_baseline_finds_the_trainer_behind_ctx_sample():
+    class Owner:
+        rollout, reward_terms, autocast_dtype = GreedyRollout(["a"]), {"a": FirstLetterIsA()}, None
+
+        def sample(self, n):
+            raise AssertionError("not called")
+    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, settings=None, sample=Owner().sample)
+    out = S.greedy_baseline(make_batch([0, 1], [7, 7]), ctx)
+    assert out.extras["greedy_reward"].tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError, match="reward_terms"):
+        S.greedy_baseline(make_batch([0, 1], [7, 7]), SimpleNamespace(policy=None, sample=None))
