@@ -57,7 +57,7 @@ def parse_gsm8k_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def gsm8k(seed: int, path: str = "openai/gsm8k", subset: str = "main", split: str = "train",
+def gsm8k(seed: int, name: str = "gsm8k", path: str = "openai/gsm8k", subset: str = "main", split: str = "train",
           data_files: str | None = None, eval_size: int = 200, train_size: int | None = None) -> DatasetSplits:
     """GSM8K (Cobbe et al., 2021) from the hub (``openai/gsm8k``) or a local file in its schema
     (``question``, ``answer`` ending in ``#### <number>``)."""
@@ -71,17 +71,17 @@ def gsm8k(seed: int, path: str = "openai/gsm8k", subset: str = "main", split: st
             raise ValueError(f"{data_files or path}: row {i + 1}: {e}") from e
         records.append({"id": f"gsm8k-{i}", "question": r["question"], "answer": gold, "scorer": "math",
                         "metadata": {"solution": r["answer"]}})
-    return _split("gsm8k", records, eval_size, seed, train_size)
+    return _split(name, records, eval_size, seed, train_size)
 
 
-def local_file(path: str, seed: int, question_column: str = "question", answer_column: str = "answer",
+def local_file(path: str, seed: int, name: str | None = None, question_column: str = "question", answer_column: str = "answer",
                scorer: str = "math", eval_size: int = 50, train_size: int | None = None) -> DatasetSplits:
     """A local jsonl/json/parquet/csv file with named question and answer columns."""
     rows = load_table(path)
     _require_columns(rows, [question_column, answer_column], path)
     records = [{"id": f"{Path(path).stem}-{i}", "question": str(r[question_column]), "answer": str(r[answer_column]),
                 "scorer": scorer, "metadata": {}} for i, r in enumerate(rows)]
-    return _split(Path(path).stem, records, eval_size, seed, train_size)
+    return _split(name or Path(path).stem, records, eval_size, seed, train_size)
 
 
 def load_table(path: str) -> list[dict]:
