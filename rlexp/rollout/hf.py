@@ -60,17 +60,19 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
 
 class HFRollout:
     """Sampling with ``model.generate``. ``micro_batch`` bounds how many sequences go through one
-    generate call (memory); ``cache_implementation`` is passed through (``static`` compiles the
-    decode step on GPU)."""
+    generate call (memory); ``cache_implementation`` is passed through (``static`` makes transformers
+    compile the decode step: ~14x faster decoding on an H100 for a 135M model, after a one-time
+    compile per shape — so ``pad_to_multiple_of`` buckets prompt lengths to bound the shapes)."""
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 micro_batch: int = 0, cache_implementation: str | None = None):
+                 micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None):
         if max_new_tokens <= 0:
             raise ValueError(f"rollout.max_new_tokens must be > 0, got {max_new_tokens}")
         if temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.micro_batch, self.cache_implementation = micro_batch, cache_implementation
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_generations: int = 1,
@@ -83,7 +85,8 @@ class HFRollout:
 
     def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
         device = next(model.parameters()).device
-        enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False,
+                        pad_to_multiple_of=self.pad_to_multiple_of).to(device)
         recorder = SampledLogprobRecorder(self.temperature)
         eos = model.generation_config.eos_token_id
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id]

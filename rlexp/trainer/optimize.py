@@ -54,7 +54,7 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             dev_idx = idx.to(mask.device)
             p, pm, c, cm, end = _rows(batch, dev_idx)
             logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
-                                           autocast_dtype=autocast_dtype)
+                                           autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef))
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π

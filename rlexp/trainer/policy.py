@@ -17,8 +17,8 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
-                   with_entropy: bool = False, autocast_dtype: torch.dtype | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32."""
     input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
@@ -30,8 +30,9 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     entropy = None
-    if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if with_entropy:  # only a loss term (entropy bonus) needs its gradient
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
