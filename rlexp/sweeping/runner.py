@@ -34,6 +34,8 @@ from rlexp.sweeping.storage import open_storage, redact, resolve_storage, storag
 log = logging.getLogger(__name__)
 
 GRID = "optuna.samplers.GridSampler"
+# samplers whose seed fixes one sequence indexed by trial number (grid order, Sobol scramble): never re-seeded
+FIXED_SEQUENCE = (GRID, "optuna.samplers.QMCSampler")
 NOP = "optuna.pruners.NopPruner"
 STUDY_ATTRS = ("objectives", "report_metric", "pruner")
 
@@ -106,6 +108,9 @@ class OptunaSweep:
                         "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials", settings.n_jobs)
         self.sampler_cfg = settings.sampler
         self.seed = settings.sampler.get("seed")
+        # other samplers get seed + trial number per trial, so resumed sweeps and parallel workers
+        # sharing a seed do not replay the same draws
+        self.per_trial_seed = self.seed is not None and settings.sampler._target_ not in FIXED_SEQUENCE
         self.trial_key = settings.get("trial_key", "trial")
         self.hook: Callable | None = get_method(settings.custom_search_space) if settings.get("custom_search_space") else None
         self.sweep_dir = str(config.hydra.sweep.dir)
@@ -122,11 +127,11 @@ class OptunaSweep:
         return instantiate(self.sampler_cfg, **kwargs, _convert_="all")
 
     def open_study(self) -> optuna.Study:
-        self.storage = open_storage(self.storage_url)
-        first_seed = None if self.seed is None else self.seed
-        study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=self.directions,
-                                    sampler=self.make_sampler(first_seed), pruner=instantiate(self.pruner_cfg),
-                                    load_if_exists=True)
+        with storage_lock(self.storage_url):  # workers starting together must not both create the tables
+            self.storage = open_storage(self.storage_url)
+            study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=self.directions,
+                                        sampler=self.make_sampler(self.seed), pruner=instantiate(self.pruner_cfg),
+                                        load_if_exists=True)
         existing = [d.name.lower() for d in study.directions]
         if existing != self.directions:
             raise SweepConfigError(f"hydra.sweeper.direction={self.directions}: study {self.study_name!r} in "
@@ -143,10 +148,10 @@ class OptunaSweep:
             if tr.counted(existing) >= self.n_trials:
                 return None
             expected = len(existing)
-            if self.seed is not None:  # per-trial seed: resumed sweeps and parallel workers draw afresh
+            if self.per_trial_seed:
                 study.sampler = self.make_sampler(self.seed + expected)
             trial = study.ask()
-        if self.seed is not None and trial.number != expected:
+        if self.per_trial_seed and trial.number != expected:
             study.sampler = self.make_sampler(self.seed + trial.number)
         return trial
 

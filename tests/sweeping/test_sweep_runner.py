@@ -1,0 +1,236 @@
+"""The sweep loop (rlexp.sweeping.runner) with a stand-in launcher whose jobs are plain Python functions
+of their overrides: failure tolerance, asynchronous launches, the study-wide budget shared by workers
+and resumes, recovery of interrupted trials, pruning through the trial callback. The real training
+jobs are exercised end to end in test_sweep_tiny.py."""
+import threading
+import time
+
+import optuna
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from rlexp.sweeping import trials as tr
+from rlexp.sweeping.callback import TrialReporter
+from rlexp.sweeping.runner import OptunaSweep, SweepConfigError
+from rlexp.sweeping.storage import default_storage
+
+
+def settings(**kw):
+    base = dict(sampler={"_target_": "optuna.samplers.RandomSampler", "seed": 0},
+                pruner={"_target_": "optuna.pruners.NopPruner"}, direction="maximize", objective="score",
+                report_metric=None, storage=None, study_name="s", n_trials=4, n_jobs=1, max_failure_rate=0.25,
+                params={"x": "interval(0, 1)"}, custom_search_space=None, heartbeat_interval=30.0,
+                grace_period=None, plots=False, trial_key="trial")
+    base.update(kw)
+    return OmegaConf.create(base)
+
+
+class FakeLauncher:
+    """Runs ``job(values)`` for each job, ``values`` being its parsed overrides; records launches."""
+
+    def __init__(self, job, sweep_dir):
+        self.job, self.sweep_dir = job, sweep_dir
+        self.launched: list[int] = []
+        self.times: dict[int, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def launch(self, job_overrides, initial_job_idx):
+        out = []
+        for i, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + i
+            with self.lock:
+                self.launched.append(idx)
+            values = {o.get_key_element(): o.value() for o in OverridesParser.create().parse_overrides(list(overrides))}
+            ret = JobReturn(overrides=overrides, task_name="train",
+                            hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": f"{self.sweep_dir}/{idx}"}}}))
+            start = time.monotonic()
+            try:
+                ret.return_value = self.job(values)
+                ret.status = JobStatus.COMPLETED
+            except Exception as e:
+                ret.return_value = e
+                ret.status = JobStatus.FAILED
+            self.times[idx] = (start, time.monotonic())
+            out.append(ret)
+        return out
+
+
+def make_sweep(tmp_path, job, sequential=True, **kw):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "job": {"name": "train"}}})
+    launcher = FakeLauncher(job, tmp_path)
+    return OptunaSweep(settings(**kw), config, launcher, sequential=sequential), launcher
+
+
+def load(tmp_path, name="s"):
+    return optuna.load_study(study_name=name, storage=default_storage(tmp_path, name))
+
+
+def test_a_failing_trial_is_recorded_fail_with_its_error_and_the_sweep_goes_on(tmp_path):
+    def job(v):
+        if v["x"] == 2:
+            raise ValueError("optimizer.lr=-1.0: must be > 0")
+        return {"score": float(v["x"])}
+    sweep, launcher = make_sweep(tmp_path, job, sampler={"_target_": "optuna.samplers.GridSampler", "seed": 0},
+                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=10, max_failure_rate=0.25)
+    results = sweep.run([])
+    study = load(tmp_path)
+    states = {t.params["x"]: t.state for t in study.trials}
+    assert len(study.trials) == 4  # capped at the grid size
+    assert states == {1: TrialState.COMPLETE, 2: TrialState.FAIL, 3: TrialState.COMPLETE, 4: TrialState.COMPLETE}
+    failed = next(t for t in study.trials if t.state == TrialState.FAIL)
+    assert failed.user_attrs["error"] == "ValueError: optimizer.lr=-1.0: must be > 0"
+    assert "Traceback" in failed.user_attrs["traceback"]
+    assert results["best_params"] == {"x": 4} and results["best_value"] == 4.0
+    assert (tmp_path / "optimization_results.yaml").exists() and "optimizer.lr=-1.0" in (tmp_path / "summary.md").read_text()
+
+
+def test_more_failures_than_the_rate_allows_stop_the_sweep_with_an_error_naming_the_key(tmp_path):
+    sweep, launcher = make_sweep(tmp_path, lambda v: 1 / 0, n_trials=8, max_failure_rate=0.25)
+    with pytest.raises(RuntimeError, match=r"max_failure_rate=0.25.*ZeroDivisionError"):
+        sweep.run([])
+    assert len(launcher.launched) == 3  # 3 failures > 0.25 * 8: no fourth trial launched
+    assert (tmp_path / "optimization_results.yaml").exists()
+
+
+def test_missing_objective_metric_fails_the_trial_naming_the_metric(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"eval/acuracy": 1.0, "reward/mean": 0.5}, objective="eval/accuracy",
+                          n_trials=1, max_failure_rate=1.0)
+    sweep.run([])
+    err = load(tmp_path).trials[0].user_attrs["error"]
+    assert "hydra.sweeper.objective" in err and "'eval/accuracy'" in err and "eval/acuracy" in err
+
+
+def test_pass_at_k_objective_is_read_under_its_logged_name(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"eval/gsm8k/pass_at_1": 0.25}, objective="eval/gsm8k/pass@1", n_trials=1)
+    assert sweep.run([])["best_value"] == 0.25
+
+
+def test_trials_start_as_soon_as_a_slot_frees_no_batch_barrier(tmp_path):
+    def job(v):
+        time.sleep(1.5 if v["trial.number"] == 0 else 0.1)
+        return {"score": v["x"]}
+    sweep, launcher = make_sweep(tmp_path, job, sequential=False, n_jobs=2, n_trials=5)
+    sweep.run([])
+    end0 = launcher.times[0][1]
+    # with batches of n_jobs=2, trials 2..4 would wait for the slow trial 0; here they all start before it ends
+    assert all(launcher.times[n][0] < end0 for n in (1, 2, 3, 4))
+    assert sorted(launcher.launched) == [0, 1, 2, 3, 4]
+
+
+def test_resume_continues_numbering_and_repeats_no_finished_trial(tmp_path):
+    grid = {"_target_": "optuna.samplers.GridSampler", "seed": 1}
+    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, sampler=grid,
+                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=2)
+    sweep.run([])
+    assert launcher.launched == [0, 1]
+    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, sampler=grid,
+                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=4)
+    sweep.run([])
+    assert launcher.launched == [2, 3]
+    # the grid sampler read the finished trials from the storage: the four trials cover the grid once
+    assert sorted(t.params["x"] for t in load(tmp_path).trials) == [1, 2, 3, 4]
+    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, params={"x": "choice(1, 2, 3, 4)"}, n_trials=4)
+    sweep.run([])
+    assert launcher.launched == []
+
+
+def test_two_workers_on_one_storage_share_the_budget(tmp_path):
+    runs = []
+
+    def worker():
+        sweep, launcher = make_sweep(tmp_path, lambda v: (time.sleep(0.05), {"score": v["x"]})[1], n_trials=6)
+        sweep.run([])
+        runs.append(launcher.launched)
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    launched = runs[0] + runs[1]
+    assert sorted(launched) == [0, 1, 2, 3, 4, 5]
+    assert len({t.params["x"] for t in load(tmp_path).trials}) == 6  # per-trial seeds: no repeated draws
+
+
+def test_a_trial_left_running_by_a_killed_worker_is_retried(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])  # creates the study with one finished trial
+    study = load(tmp_path)
+    orphan = study.ask()
+    orphan.suggest_float("x", 0, 1)
+    study._storage.set_trial_system_attr(orphan._trial_id, tr.HEARTBEAT, time.time() - 3600)
+    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=3, heartbeat_interval=1.0)
+    sweep.run([])
+    trials = load(tmp_path).trials
+    assert trials[1].state == TrialState.FAIL and trials[1].system_attrs[tr.INTERRUPTED]
+    assert trials[1].user_attrs["error"].startswith("interrupted: no heartbeat")
+    retry = trials[2]
+    assert retry.user_attrs["retry_of"] == 1 and retry.params == orphan.params and retry.state == TrialState.COMPLETE
+    assert launcher.launched == [2, 3] and tr.counted(trials) == 3
+
+
+def test_a_running_trial_with_a_fresh_heartbeat_is_left_alone(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])
+    study = load(tmp_path)
+    other = study.ask()
+    study._storage.set_trial_system_attr(other._trial_id, tr.HEARTBEAT, time.time())
+    assert tr.recover_stale(study, grace_period=60) == []
+    assert study._storage.get_trial(other._trial_id).state == TrialState.RUNNING
+
+
+class FakeTracker:
+    def __init__(self):
+        self.tags = {}
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+
+class FakeTrainer:
+    def __init__(self, run_dir):
+        self.tags, self.tracker, self.run_dir = {}, FakeTracker(), run_dir
+
+
+def test_pruned_jobs_are_told_pruned_with_their_last_value_and_tagged(tmp_path):
+    trainers = {}
+
+    def job(v):  # a job reporting a curve that ends at x, the way the trainer callback is driven
+        reporter = TrialReporter(v["trial.storage"], v["trial.study"], v["trial.number"])
+        trainer = trainers[v["trial.number"]] = FakeTrainer(tmp_path / str(v["trial.number"]))
+        reporter.bind(trainer)
+        for step in range(1, 6):
+            if reporter.on_step_end(step, {"score": v["x"] * step / 5}, {}):
+                break
+        return {"score": v["x"] * step / 5}
+    sweep, _ = make_sweep(tmp_path, job, n_trials=8,
+                          pruner={"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 2})
+    sweep.run([])
+    trials = load(tmp_path).trials
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, [(t.params, t.state) for t in trials]
+    for t in pruned:
+        step = t.user_attrs["pruned_at_step"]
+        assert t.value == pytest.approx(t.params["x"] * step / 5) == t.intermediate_values[step]
+        assert trainers[t.number].tracker.tags == {"trial_state": "PRUNED", "pruned_at_step": str(step)}
+    for t in trials:
+        assert trainers[t.number].tags == {"optuna.study": "s", "optuna.trial": str(t.number)}
+        assert t.user_attrs["run_dir"].endswith(f"/{t.number}")
+    assert all(len(t.intermediate_values) == 5 for t in trials if t.state == TrialState.COMPLETE)
+
+
+def test_configuration_errors_name_the_sweeper_key(tmp_path):
+    with pytest.raises(SweepConfigError, match="hydra.sweeper.pruner"):
+        make_sweep(tmp_path, None, direction=["maximize", "minimize"], objective=["a", "b"],
+                   pruner={"_target_": "optuna.pruners.MedianPruner"})
+    with pytest.raises(SweepConfigError, match="hydra.sweeper.objective has 1 metric"):
+        make_sweep(tmp_path, None, direction=["maximize", "minimize"])
+    with pytest.raises(SweepConfigError, match="hydra.sweeper.direction"):
+        make_sweep(tmp_path, None, direction="up")
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": 1.0}, n_trials=1)
+    sweep.run([])
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": 1.0}, direction="minimize")
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.direction=\['minimize'\].*created with \['maximize'\]"):
+        sweep.run([])
