@@ -81,12 +81,22 @@ class MlflowServer:
         self._signal(signal.SIGCONT)
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A started server (SQLite backend in the test's tmp dir); killed at teardown."""
-    server = MlflowServer(tmp_path / "server").start()
+@pytest.fixture(scope="module")
+def _module_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def mlflow_server(_module_server):
+    """A running server (SQLite backend) shared by a module's tests (starting one takes seconds): a
+    test may kill, pause or restart it; it is running again (same port and database) for the next."""
+    yield _module_server
+    if _module_server.proc is None or _module_server.proc.poll() is not None:
+        _module_server.start()
+    else:
+        _module_server.resume()
 
 
 @pytest.fixture
