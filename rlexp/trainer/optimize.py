@@ -13,10 +13,22 @@ from rlexp.algorithms.masks import loss_mask
 from rlexp.trainer.policy import token_logprobs, trim
 
 
-def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Row indices per micro-batch; rows are length-sorted so padding inside a micro-batch is small."""
-    order = torch.argsort(lengths, descending=True, stable=True) if lengths is not None else torch.arange(n)
+def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None,
+                  group_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Row indices per micro-batch. Rows are sorted by length so padding inside a micro-batch is
+    small; with ``group_ids`` whole groups stay together (ordered by their longest completion), so
+    the rows of a group share one prompt forward (``token_logprobs(share_prompts=True)``)."""
     size = size if size > 0 else n
+    if lengths is None:
+        order = torch.arange(n)
+    else:
+        order = torch.argsort(lengths, descending=True, stable=True)
+        if group_ids is not None:
+            groups = group_ids.cpu()
+            _, inv = torch.unique(groups, return_inverse=True)
+            gmax = torch.zeros(int(inv.max()) + 1, dtype=lengths.dtype).scatter_reduce(0, inv, lengths, "amax")[inv]
+            order = order[torch.argsort(groups[order], stable=True)]
+            order = order[torch.argsort(gmax[order], descending=True, stable=True)]
     return [order[i:i + size] for i in range(0, n, size)]
 
 
@@ -29,7 +41,7 @@ def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: fl
                    autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
-    for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
+    for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
         p, pm, c, cm, end = _rows(batch, idx)
         lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype)
         out[idx.to(out.device), :end] = lp * cm
@@ -50,7 +62,7 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
     for _ in range(mu):
         optimizer.zero_grad(set_to_none=True)
         pass_sums: dict[str, float] = defaultdict(float)
-        for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
+        for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
             dev_idx = idx.to(mask.device)
             p, pm, c, cm, end = _rows(batch, dev_idx)
             logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,

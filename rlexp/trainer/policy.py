@@ -18,14 +18,22 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
                    with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
-    ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32."""
-    input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
+
+    ``share_prompts``: rows with the same prompt (the G completions of a group) run the prompt
+    through the model once and reuse its KV cache (gradients flow back through it), which removes
+    (G−1)/G of the prompt compute; the result equals the unshared forward."""
     T = completion_ids.shape[1]
-    with torch.autocast(input_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                       logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
+    with torch.autocast(prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        logits = None
+        if share_prompts:
+            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        if logits is None:
+            input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+            logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                           logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
     logits = logits.float() / temperature
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
@@ -34,6 +42,30 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Logits (N, T, V) predicting each completion token, running each distinct prompt once.
+    Returns None when no prompt repeats (nothing to share)."""
+    uniq, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    if uniq.shape[0] == prompt_ids.shape[0]:
+        return None
+    first = torch.zeros(uniq.shape[0], dtype=torch.long, device=prompt_ids.device)
+    first.scatter_(0, inverse, torch.arange(len(inverse), device=prompt_ids.device))
+    umask = prompt_mask[first]
+    upos = (umask.cumsum(-1) - 1).clamp(min=0)
+    head = model(input_ids=uniq, attention_mask=umask, position_ids=upos, use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    cache.reorder_cache(inverse)  # (U, …) → (N, …): index_select, differentiable
+    first_logits = head.logits[:, -1][inverse].unsqueeze(1)
+    T = completion_ids.shape[1]
+    if T == 1:
+        return first_logits
+    attention = torch.cat([prompt_mask, completion_mask], 1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1]:]
+    tail = model(input_ids=completion_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                 past_key_values=cache, use_cache=True).logits
+    return torch.cat([first_logits, tail], 1)
 
 
 def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):

@@ -1,0 +1,61 @@
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlexp.models.loading import load_model
+from rlexp.rollout.hf import HFRollout
+from rlexp.train import CONF_DIR
+from rlexp.trainer.optimize import micro_batches
+from rlexp.trainer.policy import token_logprobs, trim
+
+
+@pytest.fixture(scope="module")
+def rollout_batch():
+    lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
+    tok = lm.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {3 * i}?" * (i + 1)}],
+                                       tokenize=False, add_generation_prompt=True) for i in range(3)]
+    torch.manual_seed(0)
+    return lm, HFRollout(max_new_tokens=10).generate(lm.model, tok, prompts, 4)
+
+
+def _forward(lm, out, share):
+    lm.model.zero_grad()
+    lp, ent = token_logprobs(lm.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
+                             0.8, with_entropy=True, share_prompts=share)
+    (lp * out.completion_mask).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in lm.model.parameters() if p.grad is not None])
+    return lp * out.completion_mask, ent * out.completion_mask, grads
+
+
+def test_shared_prompt_forward_equals_full_forward(rollout_batch):
+    """Running each distinct prompt once and reusing its KV cache gives the same log-probs,
+    entropies and gradients as the full forward of every row."""
+    lm, out = rollout_batch
+    lp_full, ent_full, g_full = _forward(lm, out, share=False)
+    lp_shared, ent_shared, g_shared = _forward(lm, out, share=True)
+    assert torch.allclose(lp_shared, lp_full, atol=1e-5)
+    assert torch.allclose(ent_shared, ent_full, atol=1e-4)
+    assert float((g_shared - g_full).norm() / g_full.norm()) < 1e-5
+
+
+def test_single_token_completions_share_prompts(rollout_batch):
+    lm, out = rollout_batch
+    c, cm = out.completion_ids[:, :1], torch.ones_like(out.completion_ids[:, :1])
+    a, _ = token_logprobs(lm.model, out.prompt_ids, out.prompt_mask, c, cm, share_prompts=True)
+    b, _ = token_logprobs(lm.model, out.prompt_ids, out.prompt_mask, c, cm, share_prompts=False)
+    assert a.shape == (12, 1) and torch.allclose(a, b, atol=1e-5)
+
+
+def test_micro_batches_keep_groups_together_longest_first():
+    lengths = torch.tensor([1, 5, 2, 3, 9, 1, 1, 2])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    assert [b.tolist() for b in micro_batches(8, 4, lengths, groups)] == [[4, 5, 1, 0], [3, 2, 7, 6]]
+    assert [b.tolist() for b in micro_batches(8, 0, lengths)] == [[4, 1, 3, 2, 7, 0, 5, 6]]
+
+
+def test_trim_drops_all_padding_columns():
+    pm = torch.tensor([[0, 0, 1], [0, 1, 1]])
+    cm = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])
+    p, pm2, c, cm2, end = trim(pm * 7, pm, cm * 3, cm)
+    assert pm2.tolist() == [[0, 1], [1, 1]] and cm2.tolist() == [[1, 1], [1, 0]] and end == 2
