@@ -10,6 +10,7 @@ commands:
   list      list config options: `rlexp list algorithms|models|datasets|rewards|...`
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
+  bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
 """
 
 
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "compare":
         from rlexp.compare import main as compare_main
         compare_main(rest)
+    elif cmd == "bench":
+        sys.argv = ["rlexp bench", *rest]
+        from rlexp.bench import main as bench_main
+        bench_main()
     elif cmd == "replay":
         from rlexp.replay import main as replay_main
         replay_main(rest)
