@@ -7,6 +7,7 @@ USAGE = """usage: rlexp <command> [overrides...]
 
 commands:
   train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
+  eval      evaluate a model or checkpoint on benchmarks (Hydra app; `rlexp eval benchmark=offline eval.n=8`)
   list      list config options: `rlexp list algorithms|models|datasets|rewards|...`
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = ["rlexp train", *rest]
         from rlexp.train import main as train_main
         train_main()
+    elif cmd == "eval":
+        sys.argv = ["rlexp eval", *rest]
+        from rlexp.evaluate import main as eval_main
+        eval_main()
     elif cmd == "list":
         from rlexp.listing import main as list_main
         list_main(rest)

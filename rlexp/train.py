@@ -72,14 +72,21 @@ def build_scheduler(optimizer, warmup_steps: int, mu: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / total))
 
 
-def make_evaluator(cfg: DictConfig, data, prompt_format, rollout):
-    """Greedy accuracy on the held-out split (``eval.size`` prompts)."""
-    if cfg.eval.size <= 0:
-        return None
-    from rlexp.evaluation.greedy import GreedyEvaluator
-    return GreedyEvaluator(data.eval[: cfg.eval.size], prompt_format, rollout, cfg.trainer.accuracy_term and
-                           instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
-                           max_new_tokens=cfg.eval.max_new_tokens)
+def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=None):
+    """Greedy accuracy on the held-out split (``eval.size`` prompts) and, with ``+benchmark=<entry>``,
+    the benchmarks (``rlexp.evaluation.runner.training_evaluator``); run every trainer.eval_every steps."""
+    evaluators = []
+    if cfg.eval.size > 0:
+        from rlexp.evaluation.greedy import GreedyEvaluator
+        evaluators.append(GreedyEvaluator(data.eval[: cfg.eval.size], prompt_format, rollout, cfg.trainer.accuracy_term and
+                                          instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
+                                          max_new_tokens=cfg.eval.max_new_tokens))
+    if cfg.get("benchmark"):
+        from rlexp.evaluation.runner import training_evaluator
+        evaluators.append(training_evaluator(cfg, data, rollout, consistency))
+    if len(evaluators) <= 1:
+        return evaluators[0] if evaluators else None
+    return lambda model, tok, step: {k: v for e in evaluators for k, v in e(model, tok, step).items()}
 
 
 def run(cfg: DictConfig, callbacks: list | None = None):
@@ -106,6 +113,8 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     optimizer = instantiate(cfg.optimizer)(loaded.model.parameters())
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
     tracker, jsonl = build_trackers(cfg, run_dir)
+    from rlexp.evaluation.consistency import meter_from_config
+    consistency = meter_from_config(cfg.consistency) if "consistency" in cfg else None
     container = OmegaConf.to_container(cfg, resolve=True)
     tags = run_tags(cfg, prov, run_dir)
     trainer = Trainer(
@@ -113,7 +122,8 @@ def run(cfg: DictConfig, callbacks: list | None = None):
         rollout=rollout, data=data, prompt_format=prompt_format, optimizer=optimizer, scheduler=scheduler,
         tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
         params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
-        evaluator=make_evaluator(cfg, data, prompt_format, rollout), callbacks=callbacks)
+        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency), callbacks=callbacks,
+        consistency=consistency)
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)
             cb.bind(trainer)

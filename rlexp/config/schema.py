@@ -37,21 +37,44 @@ class TrainerConfig:
 class EvalConfig:
     size: int = 50                     # held-out prompts evaluated greedily during training (0: off)
     max_new_tokens: Optional[int] = None
+    # benchmark evaluation (`rlexp eval`, and training with `+benchmark=<entry>`); see
+    # rlexp/evaluation/runner.py. pass@k is logged as pass_at_k, maj@k as maj_at_k (MLflow-safe).
+    n: int = 1                         # samples per problem
+    ks: Optional[list[int]] = None     # pass@k for these k <= n (null: every k in 1..n)
+    maj_ks: Optional[list[int]] = None  # maj@k for these k <= n (null: k = n)
+    maj_tie: str = "random"            # random (expected value over tied answers) | first (verl's rule)
+    max_subsets: int = 2000            # maj@k: exact average over k-subsets up to this many, else sampled
+    greedy: Optional[bool] = None      # null: greedy iff n == 1
+    temperature: Optional[float] = None  # sampling temperature (null: the rollout's / trainer.temperature)
+    limit: Optional[int] = None        # problems per benchmark (null: all)
+    batch_problems: int = 8            # problems per generate call
+    bootstrap: int = 1000              # bootstrap resamples for the pass@1 CI (0: off)
+    ci_level: float = 0.95
+    write_samples: bool = True         # per-problem JSONL next to summary.json
+    checkpoint: Optional[str] = None   # `rlexp eval`: a run dir, its checkpoints/last, or a model dir
+    step: Optional[int] = None         # `rlexp eval`: tracker step (null: the checkpoint's step, else 0)
 
 
 @dataclass
-class TrialConfig:
-    """Set by the Optuna sweeper (``hydra/sweeper=rlexp_optuna``) on each job it launches: the study
-    this run is a trial of (it reports its metric there and may be pruned). Null outside sweeps."""
-    storage: Optional[str] = None      # Optuna storage URL (resolved, absolute)
-    study: Optional[str] = None
-    number: Optional[int] = None
+class ConsistencyConfig:
+    """Consistency rate (rlexp/evaluation/consistency.py): per training step when enabled, and in
+    `rlexp eval` for every benchmark with a final answer."""
+    enabled: bool = False
+    rederive: bool = True              # cut the stated answer, let the judge finish greedily, compare
+    likelihood: bool = True            # judge's probability of the stated answer given the reasoning
+    judge: str = "reference"           # reference (frozen initial / base model) | policy
+    threshold: float = 0.5             # likelihood_rate = share of completions above this
+    max_new_tokens: int = 16           # tokens the judge may write to re-derive the answer
+    max_completions: Optional[int] = None  # measure only the first N completions (cost)
+    batch_size: int = 16
 
 
 @dataclass
 class RLExpConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
+    benchmark: Any = None              # benchmark entries evaluated during training (`+benchmark=offline`)
     model: Any = MISSING
     dataset: Any = MISSING
     prompt: Any = MISSING
@@ -62,11 +85,27 @@ class RLExpConfig:
     optimizer: Any = MISSING
     run_name: Optional[str] = None
     experiment: Optional[str] = None
-    trial: TrialConfig = field(default_factory=TrialConfig)
+
+
+@dataclass
+class EvalAppConfig:
+    """Schema of `rlexp eval` (conf/eval.yaml). ``trainer`` holds the run settings that the shared
+    rollout and tracker groups read (max_new_tokens, temperature, run_dir) plus seed and device."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
+    benchmark: Any = MISSING
+    model: Any = MISSING
+    prompt: Any = MISSING
+    rollout: Any = MISSING
+    tracker: Any = MISSING
+    run_name: Optional[str] = None
+    experiment: Optional[str] = None
 
 
 def register() -> None:
     ConfigStore.instance().store(name="rlexp_schema", node=RLExpConfig)
+    ConfigStore.instance().store(name="rlexp_eval_schema", node=EvalAppConfig)
 
 
 class ConfigError(ValueError):

@@ -77,7 +77,8 @@ class Trainer:
     def __init__(self, *, settings, model, tokenizer, algorithm: Algorithm, reward_terms: dict, rollout,
                  data: DatasetSplits, prompt_format: PromptFormat, optimizer, scheduler, tracker: Tracker,
                  jsonl: JSONLTracker, run_dir: Path, run_name: str, config: dict, params: dict, tags: dict,
-                 accuracy_term: str | None = "accuracy", evaluator: Callable | None = None, callbacks: list | None = None):
+                 accuracy_term: str | None = "accuracy", evaluator: Callable | None = None, callbacks: list | None = None,
+                 consistency=None):
         self.s = settings
         self.model, self.tok, self.algo = model, tokenizer, algorithm
         self.reward_terms, self.rollout, self.data, self.prompt_format = reward_terms, rollout, data, prompt_format
@@ -92,6 +93,9 @@ class Trainer:
         if algorithm.needs_reference:
             r = algorithm.reference
             self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval)
+        self.consistency = consistency  # evaluation.consistency.ConsistencyMeter: per-step consistency rates
+        if consistency is not None:
+            consistency.bind(model, self.reference)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         self._next_group = 0
@@ -141,6 +145,10 @@ class Trainer:
         timings["time/reward_s"] += refill
         if len(batch) == 0:
             raise RuntimeError(f"step {step}: the group stages left no completions to train on")
+        if self.consistency is not None:  # measured on the completions of the policy that wrote them
+            tc = time.perf_counter()
+            batch.stats.update(self.consistency.batch_metrics(self.model, self.tok, batch, self.prompt_format.answer_format))
+            timings["time/consistency_s"] = time.perf_counter() - tc
         t2 = time.perf_counter()
         kl_metrics = {}
         if self.algo.kl.coef > 0:
@@ -215,7 +223,7 @@ class Trainer:
             for step in range(start_step + 1, s.max_steps + 1):
                 _, metrics = self.train_step(step)
                 eval_metrics = {}
-                if self.evaluator is not None and s.eval_every and (step % s.eval_every == 0 or step == s.max_steps):
+                if self.evaluator is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.max_steps):
                     eval_metrics = self.evaluator(self.model, self.tok, step)
                     metrics.update(eval_metrics)
                     result.eval_metrics = eval_metrics
