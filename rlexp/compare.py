@@ -261,6 +261,7 @@ def plot_curves(groups: list[Group], group_by: list[str], metrics: list[str], ou
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     cols = varying_columns(groups, group_by)
     paths = []
     for m in metrics:
@@ -281,6 +282,7 @@ def plot_curves(groups: list[Group], group_by: list[str], metrics: list[str], ou
             plt.close(fig)
             continue
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(m)
         ax.set_title(f"{m} (mean ± std over seeds)")
         ax.grid(alpha=0.3)
