@@ -165,11 +165,12 @@ class OptunaSweep:
         if self.hook is not None:
             derived = self.hook(self.config, trial) or {}
             trial.set_user_attr("derived", {k: v for k, v in derived.items()})
-        overlap = (set(trial.params) & set(self.fixed)) | (set(derived) & (set(trial.params) | set(self.fixed)))
+        overlap = set(trial.params) & (set(self.fixed) | set(derived))
         if overlap:
             raise SweepConfigError(f"hydra.sweeper.params: {sorted(overlap)} are both searched and fixed/derived")
-        values = {**trial.params, **self.fixed, **derived}
-        overrides = [f"{k}={v if k in self.fixed else format_value(v)}" for k, v in values.items()]
+        fixed = {k: v for k, v in self.fixed.items() if k not in derived}  # a derived value replaces a fixed one
+        values = {**trial.params, **fixed, **derived}
+        overrides = [f"{k}={v if k in fixed else format_value(v)}" for k, v in values.items()]
         if self.trial_key:
             overrides += [f"{self.trial_key}.storage='{self.storage_url}'",
                           f"{self.trial_key}.study='{self.study_name}'", f"{self.trial_key}.number={trial.number}"]

@@ -1,0 +1,92 @@
+"""The ready-made sweeps (conf/sweep/*.yaml, `rlexp train -m +sweep=<name>`): each composes with the
+rlexp_optuna sweeper, every searched key exists in the train config, and its search space parses;
+g_vs_prompts keeps the sample budget; one of them runs end to end on the tiny model."""
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from rlexp.sweeping.search_space import build_search_space
+from rlexp.sweeping.spaces import fixed_sample_budget
+from rlexp.train import CONF_DIR
+
+SWEEPS = sorted(p.stem for p in Path(CONF_DIR, "sweep").glob("*.yaml"))
+TARGET = "hydra_plugins.rlexp_optuna_sweeper.rlexp_optuna_sweeper.RLExpOptunaSweeper"
+
+
+def compose_sweep(name: str, *overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=[f"+sweep={name}", *overrides], return_hydra_config=True)
+
+
+def test_the_four_documented_sweeps_exist():
+    assert SWEEPS == ["accuracy_vs_length", "g_vs_prompts", "grpo_lambda_threshold", "grpo_lr_clip"]
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_composes_and_searches_existing_keys(name):
+    cfg = compose_sweep(name)
+    s = cfg.hydra.sweeper
+    assert s._target_ == TARGET and s.study_name == name
+    assert cfg.hydra.sweep.dir == f"multirun/sweeps/{name}"  # fixed, so re-running resumes the study
+    space, fixed = build_search_space(OmegaConf.to_container(s.params), [])
+    assert space and not fixed
+    job = OmegaConf.to_container(cfg, resolve=False)
+    for key in space:
+        assert OmegaConf.select(OmegaConf.create(job), key) is not None, f"{name}: {key} is not a config key"
+    objectives = s.objective if isinstance(s.objective, str) else list(s.objective)
+    directions = s.direction if isinstance(s.direction, str) else list(s.direction)
+    assert (isinstance(objectives, str)) == (isinstance(directions, str))
+    if any(o.startswith("eval/") for o in ([objectives] if isinstance(objectives, str) else objectives)):
+        assert cfg.eval.size > 0 and cfg.trainer.eval_every > 0
+
+
+def test_grpo_lr_clip_keeps_the_clip_range_symmetric():
+    cfg = compose_sweep("grpo_lr_clip", "algorithm.loss.eps_low=0.13")
+    assert cfg.algorithm.loss.eps_high == 0.13
+
+
+def test_fixed_sample_budget_derives_prompts_per_step():
+    cfg = compose_sweep("g_vs_prompts", "trainer.prompts_per_step=8", "trainer.num_generations=8")
+    def trial_with(g):
+        study = optuna.create_study()
+        study.enqueue_trial({"trainer.num_generations": g})
+        trial = study.ask()
+        trial.suggest_categorical("trainer.num_generations", [2, 3, 4, 8, 16, 32])
+        return trial
+    for g in (2, 4, 8, 16, 32):
+        assert fixed_sample_budget(cfg, trial_with(g)) == {"trainer.prompts_per_step": 64 // g}
+    with pytest.raises(ValueError, match="trainer.num_generations=3 does not divide the budget of 64"):
+        fixed_sample_budget(cfg, trial_with(3))
+
+
+def test_g_vs_prompts_runs_on_the_tiny_model(tmp_path, monkeypatch):
+    from rlexp.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    threads = torch.get_num_threads()
+    try:
+        main(["train", "-m", "+sweep=g_vs_prompts", f"hydra.sweep.dir={tmp_path}/g", "hydra.sweeper.plots=false",
+              "trainer.num_generations=choice(2,4)", "trainer.prompts_per_step=1",
+              "model=tiny", "trainer.max_steps=2", "trainer.max_new_tokens=4",
+              "trainer.micro_batch_size=8", "trainer.num_threads=1", "tracker=none", "trainer.progress=false",
+              "dataset.train_size=32", "dataset.eval_size=4", "eval.size=2", "trainer.eval_every=1",
+              "trainer.checkpoint_every=0"])
+    finally:
+        torch.set_num_threads(threads)
+    study = optuna.load_study(study_name="g_vs_prompts", storage=f"sqlite:///{tmp_path}/g/g_vs_prompts.db")
+    trials = study.trials
+    assert len(trials) == 2 and all(t.state == TrialState.COMPLETE for t in trials)
+    for t in trials:  # budget 1 x 8 (config.yaml's G) = 8 completions per step, split as prompts_per_step x G
+        g = t.params["trainer.num_generations"]
+        assert t.user_attrs["derived"] == {"trainer.prompts_per_step": 8 // g}
+        job = OmegaConf.load(Path(t.user_attrs["job_dir"]) / "config.yaml")
+        assert (job.trainer.prompts_per_step, job.trainer.num_generations) == (8 // g, g)
+        assert sorted(t.intermediate_values) == [1, 2]  # eval/accuracy reported at each evaluation
