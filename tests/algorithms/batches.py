@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlexp.algorithms.batch import RolloutBatch
 
@@ -32,3 +33,21 @@ def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=
     batch.reward_failures = torch.zeros_like(scores, dtype=torch.bool)
     batch.reward = torch.tensor(rewards, dtype=torch.float32) if terms is None else scores @ w
     return batch
+
+
+def tiny_policy(seed=0):
+    """A 1-layer Llama over a 32-token vocabulary (no tokenizer needed)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg)
+
+
+def token_batch(seed=0):
+    """Four rows (groups of two) with random prompt/completion ids < 32 and lengths 4, 2, 1, 3."""
+    g = torch.Generator().manual_seed(seed)
+    b = make_batch([1.0, 0.0, 1.0, 0.5], [0, 0, 1, 1], lengths=[4, 2, 1, 3], width=4)
+    b.prompt_ids = torch.randint(1, 32, (4, 3), generator=g)
+    b.prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 1]])
+    b.completion_ids = torch.randint(1, 32, (4, 4), generator=g) * b.completion_mask
+    return b

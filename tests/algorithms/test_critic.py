@@ -5,29 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.algorithms.batches import make_batch
+from tests.algorithms.batches import make_batch, tiny_policy, token_batch
 from rlexp.algorithms.advantages import gae
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.critic import Critic, ValueModel
 from rlexp.algorithms.losses import ppo_clip
-
-
-def tiny_policy(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    return LlamaForCausalLM(cfg)
-
-
-def token_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    b = make_batch([1.0, 0.0, 1.0, 0.5], [0, 0, 1, 1], lengths=[4, 2, 1, 3], width=4)
-    b.prompt_ids = torch.randint(1, 32, (4, 3), generator=g)
-    b.prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 1]])
-    b.completion_ids = torch.randint(1, 32, (4, 4), generator=g) * b.completion_mask
-    return b
 
 
 def test_clipped_value_loss_by_hand():

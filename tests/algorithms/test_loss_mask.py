@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from tests.algorithms.test_critic import tiny_policy, token_batch
+from tests.algorithms.batches import tiny_policy, token_batch
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.advantages import grpo
 from rlexp.algorithms.group_stages import overlong_mask
