@@ -123,3 +123,44 @@ def _restore_mlflow_env():
         else:
             os.environ[k] = v
 
+
+
+@pytest.fixture
+def postgres_uri():
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (trust auth) with an empty ``mlflow`` database;
+    skipped where the PostgreSQL server binaries or psycopg (``pip install -e '.[postgres]'``) are
+    missing."""
+    import importlib.util
+    import shutil
+    import tempfile
+    tools = {n: shutil.which(n) for n in ("initdb", "pg_ctl", "psql")}
+    if not all(tools.values()):
+        pytest.skip(f"PostgreSQL binaries missing: {[n for n, p in tools.items() if not p]}")
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip("psycopg missing (pip install -e '.[postgres]')")
+    root = Path(tempfile.mkdtemp(prefix="rlexp-pg-"))
+    as_pg: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        import pwd
+        try:
+            pg = pwd.getpwnam("postgres")
+        except KeyError:
+            shutil.rmtree(root)
+            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
+        os.chown(root, pg.pw_uid, pg.pw_gid)
+        as_pg = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    data, log = root / "data", root / "server.log"
+
+    def sh(*cmd):
+        subprocess.run([*as_pg, *cmd], check=True, capture_output=True, text=True, timeout=120)
+    try:
+        sh(tools["initdb"], "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync")
+        sh(tools["pg_ctl"], "-D", str(data), "-l", str(log), "-w", "-o",
+           f"-p {port} -h 127.0.0.1 -k {root} -F", "start")
+        sh(tools["psql"], "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-c", "CREATE DATABASE mlflow")
+        yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
+    finally:
+        subprocess.run([*as_pg, tools["pg_ctl"], "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                       timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
