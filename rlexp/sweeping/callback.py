@@ -32,7 +32,7 @@ class TrialReporter:
                                   sampler=optuna.samplers.RandomSampler())
         attrs = study.user_attrs
         pruner_cfg = attrs.get("pruner") or {"_target_": "optuna.pruners.NopPruner"}
-        study.pruner = instantiate(pruner_cfg)
+        study.pruner = self.pruner = instantiate(pruner_cfg)
         self.metric = attrs.get("report_metric")
         self.objectives = attrs.get("objectives") or []
         self.multi_objective = len(study.directions) > 1
@@ -85,14 +85,19 @@ class TrialReporter:
         return True
 
 
-def check_objectives_measurable(cfg, objectives: list[str]) -> None:
-    """An ``eval/...`` objective needs evaluation turned on in the job."""
+def check_objectives_measurable(cfg, objectives: list[str], pruning: bool = False) -> None:
+    """An ``eval/...`` objective needs evaluation in the job (held-out greedy eval or benchmarks);
+    pruning on it needs evaluations during training, not only at the end."""
     from rlexp.config.schema import ConfigError
-    if any(o.startswith("eval/") for o in objectives):
-        if cfg.eval.size <= 0 or cfg.trainer.eval_every <= 0:
-            raise ConfigError(f"hydra.sweeper.objective={objectives} needs evaluation: set eval.size > 0 and "
-                              f"trainer.eval_every > 0 (now eval.size={cfg.eval.size}, "
-                              f"trainer.eval_every={cfg.trainer.eval_every})")
+    evals = [o for o in objectives if o.startswith("eval/")]
+    if not evals:
+        return
+    if cfg.eval.size <= 0 and not cfg.get("benchmark"):
+        raise ConfigError(f"hydra.sweeper.objective={objectives} needs evaluation: set eval.size > 0 "
+                          f"(now {cfg.eval.size}) or a +benchmark")
+    if pruning and not cfg.trainer.eval_every:
+        log.warning("trainer.eval_every=0: %s is measured only at the last step, so the pruner never stops this "
+                    "trial early; set trainer.eval_every", evals[0])
 
 
 def sweep_callbacks(cfg) -> list:
@@ -106,5 +111,6 @@ def sweep_callbacks(cfg) -> list:
     os.environ["RLEXP_SWEEP"] = str(t.study)
     os.environ["RLEXP_TRIAL"] = str(t.number)
     reporter = TrialReporter(str(t.storage), str(t.study), int(t.number))
-    check_objectives_measurable(cfg, [reporter.metric or "", *reporter.objectives])
+    check_objectives_measurable(cfg, [reporter.metric or "", *reporter.objectives],
+                                pruning=type(reporter.pruner).__name__ != "NopPruner")
     return [reporter]
