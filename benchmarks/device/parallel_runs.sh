@@ -5,7 +5,7 @@
 set -u
 source benchmarks/device/env.sh >/dev/null
 limit=$1; shift
-mkdir -p "$OUT" /tmp/runs
+mkdir -p "$OUT/runs" /tmp/runs
 for spec in "$@"; do
   name=${spec%%|*}; args=${spec#*|}
   ( timeout "$limit" python3 -m rlexp.train tracker=none trainer.progress=false model.gguf_path=$HOME/smol.gguf \
@@ -14,5 +14,5 @@ done
 wait
 for spec in "$@"; do
   name=${spec%%|*}
-  cp /tmp/runs/$name/metrics.jsonl "$OUT/$name.jsonl" 2>/dev/null || { echo "== $name failed"; tail -20 /tmp/runs/$name.log; }
+  cp /tmp/runs/$name/metrics.jsonl "$OUT/runs/$name.jsonl" 2>/dev/null || { echo "== $name failed"; tail -20 /tmp/runs/$name.log; }
 done
