@@ -1,18 +1,21 @@
 """MLflow tracker: a local SQLite store by default (``mlflow ui --backend-store-uri sqlite:///mlruns.db``),
 or any tracking server by URI (``http://host:port``).
 
-Training never waits on the tracking server. ``start`` (which must return the run id) is the only
-blocking call, bounded by ``start_timeout``; after it, metrics, tags and artifacts go through a
-queue that a background thread sends in order. When the server is unreachable, the queue holds
-them (in memory; ``metrics.jsonl`` has them on disk too) and the thread retries with a capped
+Training never waits on the tracking server. Creating a new run (``start`` must return its id) is
+the only blocking call, bounded by ``start_timeout``; a resumed run's id is known, so it does not
+wait at all. Everything else (metrics, tags, artifacts, status) goes through a queue that a
+background thread sends in order. When the server is unreachable, the queue holds the operations
+(in memory; ``metrics.jsonl`` has every metric on disk too) and the thread retries with a capped
 backoff, so they are flushed when the server comes back. ``finish`` waits at most ``flush_timeout``
 for the queue; whatever is still unsent then stays in ``metrics.jsonl`` and ``rlexp replay
 <run_dir>`` uploads it (only the (metric, step) values the run does not hold yet, so nothing is
-logged twice). Every HTTP wait is bounded: ``MLFLOW_HTTP_REQUEST_TIMEOUT``/``_MAX_RETRIES``/
-``_BACKOFF_FACTOR`` default to ``request_timeout``/``max_retries``/1 here instead of MLflow's
-120 s / 7 retries / factor 2 (an environment variable that is already set wins). A very long outage
-keeps at most ``max_buffer`` operations in memory (older metric batches are dropped from the buffer;
-``rlexp replay`` recovers them from ``metrics.jsonl``).
+logged twice). A server that is down when a new run starts: training goes on without MLflow and
+``rlexp replay`` creates the run later.
+
+Every HTTP wait is bounded: ``MLFLOW_HTTP_REQUEST_TIMEOUT``/``_MAX_RETRIES``/``_BACKOFF_FACTOR``
+are set to ``request_timeout``/``max_retries``/1 here instead of MLflow's 120 s / 7 retries / factor
+2 (a value the user set in the environment wins). A very long outage keeps at most ``max_buffer``
+operations in memory (older metric batches leave the buffer; ``rlexp replay`` recovers them).
 """
 from __future__ import annotations
 
@@ -149,10 +152,15 @@ class MLflowTracker(Tracker):
         from mlflow import MlflowClient
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.run_dir = tags.get("run_dir")
+        if resume_id:  # the run exists: nothing to wait for, marking it RUNNING again is queued like the rest
+            self.run_id = resume_id
+            self._submit("resume")
+            self._start_worker()
+            return resume_id
         deadline, wait, last_error = time.monotonic() + self.start_timeout, self.retry_interval, None
         while True:
             try:
-                self.run_id = self._start_once(run_name, params, tags, resume_id)
+                self.run_id = self._start_once(run_name, params, tags)
                 break
             except Exception as e:
                 if is_permanent(e) or time.monotonic() + wait > deadline:
@@ -166,15 +174,15 @@ class MLflowTracker(Tracker):
                       "metrics.jsonl; upload later with `rlexp replay %s`", self.tracking_uri, self.start_timeout,
                       last_error, self.run_dir or "<run_dir>")
             return None
-        self._thread = threading.Thread(target=self._worker, name="mlflow-tracker", daemon=True)
-        self._thread.start()
+        self._start_worker()
         return self.run_id
 
-    def _start_once(self, run_name, params, tags, resume_id):
+    def _start_worker(self) -> None:
+        self._thread = threading.Thread(target=self._worker, name="mlflow-tracker", daemon=True)
+        self._thread.start()
+
+    def _start_once(self, run_name, params, tags):
         exp_id = experiment_id(self.client, self.experiment, self.artifact_location)
-        if resume_id:
-            self.client.update_run(resume_id, status="RUNNING")
-            return resume_id
         return create_run(self.client, exp_id, run_name, params, tags)
 
     # ---- queued operations ---------------------------------------------------------------------
@@ -227,6 +235,8 @@ class MLflowTracker(Tracker):
             if missing:
                 log.info("MLflow: backfilling %d metric values from metrics.jsonl", len(missing))
             log_metric_entities(c, self.run_id, missing)
+        elif kind == "resume":
+            c.update_run(self.run_id, status="RUNNING")
         elif kind == "terminate":
             c.set_terminated(self.run_id, status=args[0])
         else:

@@ -50,3 +50,19 @@ def test_backfill_logs_only_missing_steps(tmp_path):
     for key, scale in (("a", 1.0), ("b", 10.0)):
         hist = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         assert hist == [(s, scale * s) for s in (1, 2, 3, 4, 5)], key
+
+
+def test_resume_with_the_server_down_keeps_the_run_id_and_does_not_wait(tmp_path):
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = MLflowTracker(f"http://127.0.0.1:{port}", request_timeout=1, max_retries=0, flush_timeout=1)
+    t0 = time.monotonic()
+    assert t.start("r", {}, {}, {}, resume_id="abc123") == "abc123"
+    t.log_metrics({"a": 1.0}, 7)
+    assert time.monotonic() - t0 < 2, "a resumed run must not wait for the server"
+    t.finish()
+    assert t.pending() > 0, "unsent operations stay queued (metrics.jsonl keeps them for rlexp replay)"
+    assert time.monotonic() - t0 < 15
