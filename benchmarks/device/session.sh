@@ -3,9 +3,12 @@
 # alone on the GPU; everything packed into $OUT/results.tar.gz (the device returns at most 8 files).
 set -u
 source benchmarks/device/env.sh >/dev/null 2>&1
+python3 benchmarks/device/check_share.py 2>&1 | grep -E "autocast|SHARE|Error" | tee /tmp/share.txt
+if grep -q SHARE_OK /tmp/share.txt; then export EXTRA="trainer.share_prompt_forward=true"; else export EXTRA="trainer.share_prompt_forward=false"; fi
+echo "runs with $EXTRA"
 LIMIT=${LIMIT:-330} bash benchmarks/device/comparisons.sh 2>&1 | grep -E "rc=|failed|Error" | tail -20
 mkdir -p $OUT/bench
-timeout ${BENCH_LIMIT:-230} python3 -m rlexp.bench bench_setting=gpu rollout=hf_static model.gguf_path=$HOME/smol.gguf \
+timeout ${BENCH_LIMIT:-230} python3 -m rlexp.bench bench_setting=gpu rollout=hf_static +$EXTRA model.gguf_path=$HOME/smol.gguf \
   bench.out_dir=$OUT/bench hydra.run.dir=/tmp/bench > $OUT/bench/bench.log 2>&1; echo "bench rc=$?"
 tail -25 $OUT/bench/bench.log
 cd $OUT && tar czf results.tar.gz runs bench && rm -rf runs bench

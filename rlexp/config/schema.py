@@ -30,6 +30,7 @@ class TrainerConfig:
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     num_threads: int = 0               # torch CPU threads; 0 = torch's default
     accuracy_term: Optional[str] = "accuracy"
+    share_prompt_forward: bool = True  # the G completions of a prompt share one prompt forward (KV reuse)
     autocast: str = "auto"             # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
 
 
@@ -70,6 +71,15 @@ class ConsistencyConfig:
 
 
 @dataclass
+class TrialConfig:
+    """Set by the Optuna sweeper (``hydra/sweeper=rlexp_optuna``) on each job it launches: the study
+    this run is a trial of (it reports its metric there and may be pruned). Null outside sweeps."""
+    storage: Optional[str] = None      # Optuna storage URL (resolved, absolute)
+    study: Optional[str] = None
+    number: Optional[int] = None
+
+
+@dataclass
 class RLExpConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -85,6 +95,7 @@ class RLExpConfig:
     optimizer: Any = MISSING
     run_name: Optional[str] = None
     experiment: Optional[str] = None
+    trial: TrialConfig = field(default_factory=TrialConfig)
 
 
 @dataclass

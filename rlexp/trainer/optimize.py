@@ -38,19 +38,20 @@ def _rows(batch: RolloutBatch, idx: torch.Tensor):
 
 @torch.no_grad()
 def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float,
-                   autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+                   autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
     for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
         p, pm, c, cm, end = _rows(batch, idx)
-        lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype)
+        lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype,
+                               share_prompts=share_prompts)
         out[idx.to(out.device), :end] = lp * cm
     return out
 
 
 def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
                   temperature: float, max_grad_norm: float | None,
-                  autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+                  autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> dict[str, float]:
     """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes. With a critic
     (``algo.critic``), μ critic passes follow on the same batch."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
@@ -66,7 +67,8 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             dev_idx = idx.to(mask.device)
             p, pm, c, cm, end = _rows(batch, dev_idx)
             logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
-                                           autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef))
+                                           autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef),
+                                           share_prompts=share_prompts)
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
@@ -89,6 +91,9 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
                     sums["ratio/min"] = min(sums.get("ratio/min", float("inf")), float(r[valid].min()))
         params = [q for q in model.parameters() if q.grad is not None]
         gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+        if not torch.isfinite(gn):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}): the update is not applied")
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
