@@ -17,6 +17,7 @@ from rlexp.sweeping.objectives import lookup
 from rlexp.sweeping import PRUNED_AT
 
 log = logging.getLogger(__name__)
+_STORAGES: dict = {}
 
 
 class TrialReporter:
@@ -28,7 +29,9 @@ class TrialReporter:
 
         from rlexp.sweeping.storage import open_storage
         self.storage_url, self.study_name, self.number = storage_url, study_name, number
-        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url),
+        if storage_url not in _STORAGES:  # one connection pool per storage, however many trials run in this process
+            _STORAGES[storage_url] = open_storage(storage_url)
+        study = optuna.load_study(study_name=study_name, storage=_STORAGES[storage_url],
                                   sampler=optuna.samplers.RandomSampler())
         attrs = study.user_attrs
         pruner_cfg = attrs.get("pruner") or {"_target_": "optuna.pruners.NopPruner"}

@@ -77,7 +77,7 @@ def storage_lock(url: str):
     if path is None:
         return contextlib.nullcontext()
     from filelock import FileLock
-    return FileLock(str(path) + ".lock")
+    return FileLock(str(path) + ".sweep-lock")  # not ".lock": Optuna's journal backend locks that name
 
 
 def redact(url: str) -> str:

@@ -109,14 +109,20 @@ def test_pass_at_k_objective_is_read_under_its_logged_name(tmp_path):
 
 
 def test_trials_start_as_soon_as_a_slot_frees_no_batch_barrier(tmp_path):
+    started, others_started, lock = set(), threading.Event(), threading.Lock()
+
     def job(v):
-        time.sleep(1.5 if v["trial.number"] == 0 else 0.1)
+        with lock:
+            started.add(v["trial.number"])
+            if {1, 2, 3, 4} <= started:
+                others_started.set()
+        if v["trial.number"] == 0:  # the slow trial: still running while the other slot serves trials 1..4
+            return {"score": float(others_started.wait(timeout=120))}
         return {"score": v["x"]}
     sweep, launcher = make_sweep(tmp_path, job, sequential=False, n_jobs=2, n_trials=5)
     sweep.run([])
-    end0 = launcher.times[0][1]
-    # with batches of n_jobs=2, trials 2..4 would wait for the slow trial 0; here they all start before it ends
-    assert all(launcher.times[n][0] < end0 for n in (1, 2, 3, 4))
+    # with batches of n_jobs=2, trial 2 would wait for trial 0 to end, and trial 0 would time out
+    assert load(tmp_path).trials[0].value == 1.0
     assert sorted(launcher.launched) == [0, 1, 2, 3, 4]
 
 
@@ -234,3 +240,19 @@ def test_configuration_errors_name_the_sweeper_key(tmp_path):
     sweep, _ = make_sweep(tmp_path, lambda v: {"score": 1.0}, direction="minimize")
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.direction=\['minimize'\].*created with \['maximize'\]"):
         sweep.run([])
+
+
+def test_a_journal_file_storage_works_like_sqlite(tmp_path):
+    journal = tmp_path / "study.log"
+
+    def job(v):
+        reporter = TrialReporter(v["trial.storage"], v["trial.study"], v["trial.number"])
+        reporter.on_step_end(1, {"score": v["x"]}, {})
+        return {"score": v["x"]}
+    sweep, launcher = make_sweep(tmp_path, job, storage=f"journal:{journal}", n_trials=3)
+    sweep.run([])
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    study = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert all(t.intermediate_values == {1: t.params["x"]} for t in study.trials)
+    assert launcher.launched == [0, 1, 2]
