@@ -166,3 +166,19 @@ def test_two_objective_sweep_returns_the_pareto_front(tmp_path, sweep):
         if t.number not in {x.number for x in front}:
             assert any(dominates(list(x["values"]), t.values) for x in front)
     assert (sweep_dir / "pareto_front.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_joblib_launcher_keeps_n_jobs_trials_in_flight(tmp_path, sweep):
+    """Two trials at a time in joblib (loky) worker processes; a new one starts when either ends."""
+    sweep_dir = tmp_path / "joblib"
+    sweep(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
+          "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4",
+          "hydra.sweeper.objective=length/mean", "hydra.sweeper.direction=minimize",
+          "trainer.max_new_tokens=choice(2,4,6,8)")
+    trials = study(sweep_dir).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials]
+    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
+    assert overlapping >= 1  # trials ran side by side
+    assert all(steps_run(t) == 3 for t in trials)
