@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -56,7 +57,6 @@ class Outcome:
 
 @dataclass
 class SweepState:
-    started: int = 0
     failures: int = 0
     outcomes: list[Outcome] = field(default_factory=list)
     last_error: str | None = None
@@ -118,6 +118,7 @@ class OptunaSweep:
         self.storage_url = resolve_storage(settings.storage, self.sweep_dir, self.study_name)
         self.grace = settings.grace_period if settings.get("grace_period") is not None else 4 * settings.heartbeat_interval
         self.state = SweepState()
+        self._last_recovery = 0.0
 
     # ---- study ----------------------------------------------------------------------------------
     def make_sampler(self, seed: int | None):
@@ -239,14 +240,22 @@ class OptunaSweep:
     def failure_budget_left(self) -> bool:
         return self.state.failures <= self.s.max_failure_rate * self.n_trials
 
+    def recover(self, study) -> None:
+        """Retry the trials of workers that died (at start, then at most once per heartbeat interval)."""
+        self._last_recovery = time.time()
+        recovered = tr.recover_stale(study, self.grace)
+        if recovered:
+            log.info("re-enqueued interrupted trials %s", recovered)
+
     def start(self, study, heartbeat) -> tuple[Trial, list[str]] | None:
         if not self.failure_budget_left():
             return None
+        if time.time() - self._last_recovery > self.s.heartbeat_interval:
+            self.recover(study)
         trial = self.ask(study)
         if trial is None:
             return None
         heartbeat.add(trial._trial_id)
-        self.state.started += 1
         try:
             return trial, self.configure(trial)
         except BaseException:
@@ -275,9 +284,7 @@ class OptunaSweep:
                  redact(self.storage_url), self.directions, self.objectives or "(returned value)",
                  self.sampler_cfg._target_.rsplit(".", 1)[-1], self.pruner_cfg["_target_"].rsplit(".", 1)[-1],
                  self.n_trials, self.in_flight)
-        recovered = tr.recover_stale(study, self.grace)
-        if recovered:
-            log.info("re-enqueued interrupted trials %s", recovered)
+        self.recover(study)
         done_before = tr.counted(self.storage.get_all_trials(study._study_id, deepcopy=False))
         if done_before:
             log.info("resuming: the study already holds %d trial(s)", done_before)
@@ -285,7 +292,7 @@ class OptunaSweep:
             try:
                 self._loop(study, heartbeat)
             except BaseException as e:  # Ctrl-C or a crash of the sweeper itself: give the trials back
-                for tid in list(heartbeat._ids):
+                for tid in heartbeat.in_flight():
                     tr.mark_interrupted(study, tid, f"sweep process stopped ({type(e).__name__})")
                 raise
         from rlexp.sweeping.summary import write_summary

@@ -98,6 +98,10 @@ class Heartbeat:
             self._ids.add(trial_id)
         self.beat(trial_id)
 
+    def in_flight(self) -> list[int]:
+        with self._lock:
+            return list(self._ids)
+
     def discard(self, trial_id: int) -> None:
         with self._lock:
             self._ids.discard(trial_id)
