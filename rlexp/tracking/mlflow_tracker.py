@@ -80,13 +80,21 @@ def experiment_id(client, name: str, artifact_location: str | None = None) -> st
         return exp.experiment_id
 
 
+def param_entities(params: dict) -> list:
+    """``Param`` entities with MLflow's key/value length limits applied."""
+    from mlflow.entities import Param
+    return [Param(k[:MAX_KEY_LEN], str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
+
+
+def log_params(client, run_id: str, params: list) -> None:
+    for i in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[i:i + 100])
+
+
 def create_run(client, exp_id: str, run_name: str, params: dict, tags: dict) -> str:
     """Create a run with its tags and (truncated) params; return its id."""
-    from mlflow.entities import Param
     run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
-    items = [Param(k[:MAX_KEY_LEN], str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        client.log_batch(run.info.run_id, params=items[i:i + 100])
+    log_params(client, run.info.run_id, param_entities(params))
     return run.info.run_id
 
 
@@ -159,8 +167,10 @@ class MLflowTracker(Tracker):
             return resume_id
         deadline, wait, last_error = time.monotonic() + self.start_timeout, self.retry_interval, None
         while True:
-            try:
-                self.run_id = self._start_once(run_name, params, tags)
+            try:  # one request creates the run (with its tags); the params follow through the queue
+                exp_id = experiment_id(self.client, self.experiment, self.artifact_location)
+                self.run_id = self.client.create_run(exp_id, run_name=run_name,
+                                                     tags={k: str(v) for k, v in tags.items()}).info.run_id
                 break
             except Exception as e:
                 if is_permanent(e) or time.monotonic() + wait > deadline:
@@ -170,20 +180,17 @@ class MLflowTracker(Tracker):
                 time.sleep(wait)
                 wait = min(wait * 2, self.max_retry_interval)
         if self.run_id is None:
-            log.error("MLflow at %s unreachable for %.0f s (%s): training goes on without it; every metric is in "
-                      "metrics.jsonl; upload later with `rlexp replay %s`", self.tracking_uri, self.start_timeout,
-                      last_error, self.run_dir or "<run_dir>")
+            log.error("MLflow at %s: could not create the run (%s); training goes on without it, every metric is "
+                      "in metrics.jsonl: upload later with `rlexp replay %s`", self.tracking_uri, last_error,
+                      self.run_dir or "<run_dir>")
             return None
+        self._submit("params", param_entities(params))
         self._start_worker()
         return self.run_id
 
     def _start_worker(self) -> None:
         self._thread = threading.Thread(target=self._worker, name="mlflow-tracker", daemon=True)
         self._thread.start()
-
-    def _start_once(self, run_name, params, tags):
-        exp_id = experiment_id(self.client, self.experiment, self.artifact_location)
-        return create_run(self.client, exp_id, run_name, params, tags)
 
     # ---- queued operations ---------------------------------------------------------------------
     def _submit(self, kind: str, *args) -> None:
@@ -235,6 +242,8 @@ class MLflowTracker(Tracker):
             if missing:
                 log.info("MLflow: backfilling %d metric values from metrics.jsonl", len(missing))
             log_metric_entities(c, self.run_id, missing)
+        elif kind == "params":
+            log_params(c, self.run_id, args[0])
         elif kind == "resume":
             c.update_run(self.run_id, status="RUNNING")
         elif kind == "terminate":
