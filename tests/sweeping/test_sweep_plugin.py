@@ -1,0 +1,88 @@
+"""The Hydra plugin: discovery, its config groups, and every sampler/pruner option instantiating on
+Optuna 5 and driving a short sweep."""
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from hydra_plugins.rlexp_optuna_sweeper import config as plugin_config
+from rlexp.train import CONF_DIR
+
+from .test_sweep_runner import load, make_sweep
+
+SAMPLERS = ["tpe", "random", "cmaes", "gp", "nsgaii", "grid", "qmc"]
+PRUNERS = ["none", "median", "percentile", "successive_halving", "hyperband", "threshold"]
+
+
+def compose_hydra(*overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True).hydra.sweeper
+
+
+def test_hydra_discovers_the_sweeper():
+    assert "RLExpOptunaSweeper" in [p.__name__ for p in Plugins.instance().discover(Sweeper)]
+
+
+def test_sweeper_config_group_defaults():
+    s = compose_hydra("hydra/sweeper=rlexp_optuna")
+    assert s._target_.endswith("RLExpOptunaSweeper") and s._recursive_ is False
+    assert s.sampler._target_ == "optuna.samplers.TPESampler" and s.pruner._target_ == "optuna.pruners.NopPruner"
+    assert (s.direction, s.objective, s.n_trials, s.n_jobs, s.storage) == ("maximize", "eval/accuracy", 20, 1, None)
+
+
+@pytest.mark.parametrize("name", PRUNERS)
+def test_every_pruner_option_instantiates(name):
+    extra = ["hydra.sweeper.pruner.lower=0.1"] if name == "threshold" else []  # it needs a bound
+    s = compose_hydra("hydra/sweeper=rlexp_optuna", f"hydra/sweeper/pruner={name}", *extra)
+    pruner = instantiate(s.pruner)
+    assert type(pruner).__name__ == s.pruner._target_.rsplit(".", 1)[-1]
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_every_sampler_option_instantiates_seeded(name):
+    s = compose_hydra("hydra/sweeper=rlexp_optuna", f"hydra/sweeper/sampler={name}", "hydra.sweeper.sampler.seed=7")
+    kwargs = {"search_space": {"x": [0, 1]}} if name == "grid" else {}
+    sampler = instantiate(s.sampler, **kwargs)
+    assert type(sampler).__name__ == s.sampler._target_.rsplit(".", 1)[-1]
+
+
+def seeded_sweep_params(name, tmp_path):
+    s = compose_hydra("hydra/sweeper=rlexp_optuna", f"hydra/sweeper/sampler={name}", "hydra.sweeper.sampler.seed=7")
+    sampler = OmegaConf.to_container(s.sampler)
+    params = {"x": "choice(0.0, 0.5, 1.0)", "y": "range(1, 3)"} if name == "grid" else \
+        {"x": "interval(0, 1)", "y": "int(interval(1, 3))"}
+
+    def run(subdir):
+        sweep, _ = make_sweep(tmp_path / subdir, lambda v: {"score": v["x"] + v["y"]}, sampler=sampler, params=params,
+                              n_trials=4)
+        sweep.run([])
+        trials = load(tmp_path / subdir).trials
+        assert all(t.state == TrialState.COMPLETE for t in trials)
+        return [t.params for t in trials]
+    return run("a"), run("b")
+
+
+def test_the_default_sampler_runs_a_reproducible_seeded_sweep(tmp_path):
+    first, again = seeded_sweep_params("tpe", tmp_path)
+    assert len(first) == 4 and first == again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_every_sampler_runs_a_reproducible_seeded_sweep(name, tmp_path):
+    first, again = seeded_sweep_params(name, tmp_path)
+    assert len(first) == 4 and first == again
+
+
+def test_groups_are_registered_under_the_upstream_names():
+    from hydra.core.config_store import ConfigStore
+    repo = ConfigStore.instance().repo["hydra"]
+    assert "rlexp_optuna.yaml" in repo["sweeper"]
+    assert {f"{n}.yaml" for n in SAMPLERS} <= set(repo["sweeper"]["sampler"])
+    assert {f"{n}.yaml" for n in PRUNERS} <= set(repo["sweeper"]["pruner"])
+    assert plugin_config.PROVIDER == "rlexp_optuna_sweeper"
