@@ -130,6 +130,7 @@ def test_two_worker_processes_share_one_study(tmp_path):
     launched = [[int(line.split("trial.number=")[1].split()[0]) for line in o.splitlines()
                  if "trial.number=" in line and "#" in line] for o in outs]
     assert sorted(launched[0] + launched[1]) == [0, 1, 2, 3, 4, 5], launched
+    print("trials launched per worker:", launched)
 
 
 def test_a_trial_that_raises_is_recorded_fail_and_the_sweep_completes(tmp_path, sweep):
