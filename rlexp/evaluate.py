@@ -59,6 +59,8 @@ def run_eval(cfg: DictConfig):
     from rlexp.evaluation.runner import BenchmarkEvaluator, build_benchmarks, settings_from_config
     from rlexp.models.loading import load_model
     t = cfg.trainer
+    if cfg.eval.temperature is None or cfg.eval.temperature <= 0:
+        raise ValueError(f"eval.temperature={cfg.eval.temperature}: must be > 0")
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
     seed_everything(t.seed)

@@ -51,6 +51,12 @@ class EvalSettings:
             raise ValueError(f"eval.batch_problems={self.batch_problems} must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"eval.limit={self.limit} must be >= 1 (or null)")
+        if self.maj_tie not in ("random", "first"):
+            raise ValueError(f"eval.maj_tie={self.maj_tie!r} is not one of ('random', 'first')")
+        for key in ("ks", "maj_ks"):
+            bad = [k for k in (getattr(self, key) or []) if int(k) < 1]
+            if bad:
+                raise ValueError(f"eval.{key}={getattr(self, key)}: every k must be >= 1")
 
 
 @dataclass
@@ -116,6 +122,7 @@ class BenchmarkEvaluator:
             raise ValueError(f"benchmark.{bench.name}: no problems left (limit={s.limit}, {len(self.exclude)} excluded)")
         prompts = [bench.prompt.render(tokenizer, r["question"]) for r in records]
         greedy = (n == 1) if s.greedy is None else s.greedy
+        log.info("eval %s: %d problems x %d %s samples", bench.name, len(records), n, "greedy" if greedy else "sampled")
         max_new = s.max_new_tokens or bench.max_new_tokens
         texts, lengths, truncated = [], [], []
         for i in range(0, len(prompts), s.batch_problems):

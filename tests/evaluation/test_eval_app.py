@@ -98,6 +98,9 @@ def test_errors_name_the_key(tmp_path):
     cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "eval.n=0", "tracker=none"], tmp_path / "r", "eval")
     with pytest.raises(ValueError, match="eval.n=0"):
         run_eval(cfg)
+    cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "eval.maj_tie=coin", "tracker=none"], tmp_path / "r3", "eval")
+    with pytest.raises(ValueError, match="eval.maj_tie"):
+        run_eval(cfg)
     cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "consistency.judge=oracle", "tracker=none"],
                         tmp_path / "r2", "eval")
     with pytest.raises(ValueError, match="consistency.judge"):

@@ -55,3 +55,14 @@ def test_offline_benchmarks_never_overlap_training_data(tmp_path):
     assert sum(r["question"] in train_q for r in raw) > 0
     held_out = ReasoningGymSource("basic_arithmetic", size=100, options=opts, exclude_seeds=[0], exclude_size=5100)()
     assert len(held_out) == 100 and not any(r["question"] in train_q for r in held_out)
+
+
+def test_reasoning_gym_items_of_a_seed_are_a_fixed_sequence():
+    """The exclusion relies on it: the first k items under a seed do not depend on the dataset size."""
+    import reasoning_gym as rg
+    for name, opts in [("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+                       ("chain_sum", {}), ("gsm_symbolic", {}), ("knights_knaves", {"n_people": 2}),
+                       ("countdown", {"min_numbers": 3, "max_numbers": 4})]:
+        small = [e["question"] for e in rg.create_dataset(name, size=5, seed=3, **opts)]
+        large = [e["question"] for e in rg.create_dataset(name, size=12, seed=3, **opts)]
+        assert large[:5] == small, name
