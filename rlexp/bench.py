@@ -272,6 +272,13 @@ class OursSide:
             "step": k, "generate_s": m["time/generate_s"], "score_s": m["time/reward_s"], "train_s": m["time/train_s"],
             "step_s": step_s, "completion_tokens": float(batch.completion_mask.sum()), "completions": len(batch),
             "reward_mean": m["reward/mean"], **mem})
+        log_step("ours", self.records[-1])
+
+
+def log_step(trainer: str, r: dict) -> None:
+    log.info("%-4s step %d: %.3f s (generate %.3f, score %.3f, train %.3f), %d tokens, peak %.0f MB, load %.2f",
+             trainer, r["step"], r["step_s"], r["generate_s"], r["score_s"], r["train_s"], r["completion_tokens"],
+             r["peak_mem_mb"], r["load1"])
 
 
 def _finish(records: list[dict], trainer: str, warmup: int) -> list[dict]:
@@ -495,9 +502,9 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     else:
         if b.first == "ours":
             ours.step(1, meter)
-            trl.run(lambda k: ours.step(k + 1, meter) if k < total else None, meter)
+            trl.run(lambda k: ours.step(k + 1, meter) if k < total else None, meter, log_step)
         else:
-            trl.run(lambda k: ours.step(k, meter), meter)
+            trl.run(lambda k: ours.step(k, meter), meter, log_step)
         if len(trl.records) != total:
             raise RuntimeError(f"TRL ran {len(trl.records)} steps, expected {total}")
     if len(ours.records) != total:

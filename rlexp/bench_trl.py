@@ -143,6 +143,8 @@ class _Interleave(TrainerCallback):
             "step": state.global_step, "generate_s": gen, "score_s": sc, "train_s": in_step - gen - sc,
             "step_s": step_s, "completion_tokens": tr.bench_tokens, "completions": tr.bench_rows,
             "reward_mean": sum(tr.bench_rewards) / max(len(tr.bench_rewards), 1), **mem})
+        if self.side.log_step is not None:
+            self.side.log_step("trl", self.side.records[-1])
         if self.side.first_prompt_ids is None:
             self.side.first_prompt_ids = tr.bench_prompt_ids
         self.after_step(state.global_step)
@@ -163,8 +165,11 @@ class TRLSide:
         self.trainer._bench_reset()
         self.records: list[dict[str, Any]] = []
         self.first_prompt_ids: list[list[int]] | None = None
+        self.log_step: Callable[[str, dict], None] | None = None
 
-    def run(self, after_step: Callable[[int], None], meter) -> list[dict]:
+    def run(self, after_step: Callable[[int], None], meter, log_step: Callable[[str, dict], None] | None = None
+            ) -> list[dict]:
+        self.log_step = log_step
         self.trainer.bench_sync = meter.sync
         self.trainer.add_callback(_Interleave(self, meter, after_step))
         meter.start()
