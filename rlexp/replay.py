@@ -24,7 +24,7 @@ def _mlflow_settings(cfg, tracking_uri: str | None, experiment: str | None) -> t
     if not uri:
         raise SystemExit("rlexp replay: the run's config has no tracker.backends.mlflow.tracking_uri; "
                          "pass --tracking-uri")
-    exp = experiment or backend.get("experiment") or cfg.get("experiment") or "rlexp"
+    exp = experiment or backend.get("experiment") or cfg.get("experiment_name") or "rlexp"
     return uri, exp, backend.get("artifact_location")
 
 

@@ -94,7 +94,7 @@ class RLExpConfig:
     tracker: Any = MISSING
     optimizer: Any = MISSING
     run_name: Optional[str] = None
-    experiment: Optional[str] = None
+    experiment_name: str = "rlexp"      # MLflow experiment / W&B project (conf/experiment/ is the group of experiment files)
     trial: TrialConfig = field(default_factory=TrialConfig)
 
 
@@ -111,7 +111,7 @@ class EvalAppConfig:
     rollout: Any = MISSING
     tracker: Any = MISSING
     run_name: Optional[str] = None
-    experiment: Optional[str] = None
+    experiment_name: str = "rlexp"
 
 
 def register() -> None:
