@@ -11,7 +11,7 @@ from rlexp.trainer.policy import token_logprobs
 
 ok = True
 dev = torch.device("cuda")
-for name in ("tiny", "smollm2_135m"):
+for name in ("smollm2_135m",):
     cfg = OmegaConf.load(f"conf/model/{name}.yaml")
     if name == "smollm2_135m":
         cfg.gguf_path = os.environ["RLEXP_GGUF"]
@@ -20,7 +20,7 @@ for name in ("tiny", "smollm2_135m"):
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {3 * i}?" * (i + 1)}],
                                        tokenize=False, add_generation_prompt=True) for i in range(4)]
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=24).generate(lm.model, tok, prompts, 8)
+    out = HFRollout(max_new_tokens=160).generate(lm.model, tok, prompts, 8)
     for ac in (None, torch.bfloat16):
         res = {}
         for share in (False, True):

@@ -9,6 +9,15 @@ limit=${LIMIT:-560}
 base="${EXTRA:-} trainer.max_steps=$steps eval.size=100 trainer.eval_every=25 trainer.checkpoint_every=0"
 care="+experiment=care_vs_grpo_smollm2 $base reward.terms.accuracy.fallback_last_number=false consistency.enabled=true consistency.max_completions=32"
 lam="+experiment=lambda_vs_length_penalty_smollm2 $base"
+if [ -n "${ONLY_ISSUE8:-}" ]; then
+bash benchmarks/device/parallel_runs.sh "$limit" \
+  "care_grpo|algorithm=grpo $care" \
+  "care_grpo_care|algorithm=grpo_care $care" \
+  "lam_grpo|algorithm=grpo $lam" \
+  "lam_grpo_lambda|algorithm=grpo_lambda $lam" \
+  "lam_length_penalty|algorithm=grpo reward=length_penalty $lam"
+exit
+fi
 bash benchmarks/device/parallel_runs.sh "$limit" \
   "lib_grpo|algorithm=grpo $base" \
   "lib_dr_grpo|algorithm=dr_grpo $base" \

@@ -8,7 +8,7 @@ if grep -q SHARE_OK /tmp/share.txt; then export EXTRA="trainer.share_prompt_forw
 echo "runs with $EXTRA"
 LIMIT=${LIMIT:-330} bash benchmarks/device/comparisons.sh 2>&1 | grep -E "rc=|failed|Error" | tail -20
 mkdir -p $OUT/bench
-timeout ${BENCH_LIMIT:-230} python3 -m rlexp.bench bench_setting=gpu rollout=hf_static +$EXTRA model.gguf_path=$HOME/smol.gguf \
+timeout ${BENCH_LIMIT:-230} python3 -m rlexp.bench bench_setting=gpu rollout=hf_static +$EXTRA bench.steps=${BENCH_STEPS:-5} model.gguf_path=$HOME/smol.gguf \
   bench.out_dir=$OUT/bench hydra.run.dir=/tmp/bench > $OUT/bench/bench.log 2>&1; echo "bench rc=$?"
 tail -25 $OUT/bench/bench.log
 cd $OUT && tar czf results.tar.gz runs bench && rm -rf runs bench

@@ -22,7 +22,7 @@ from torch import nn
 
 from rlexp.algorithms.masks import loss_mask
 from rlexp.trainer.optimize import _rows, micro_batches
-from rlexp.trainer.policy import sequence_inputs
+from rlexp.trainer.policy import padded_causal_mask, sequence_inputs
 
 
 class ValueModel(nn.Module):
@@ -42,7 +42,7 @@ class ValueModel(nn.Module):
         T = completion_ids.shape[1]
         with torch.autocast(input_ids.device.type, dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):
-            hidden = self.trunk(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            hidden = self.trunk(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
                                 use_cache=False).last_hidden_state[:, -(T + 1):-1]
             values = self.head(hidden).squeeze(-1)
         return values.float()

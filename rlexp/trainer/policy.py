@@ -16,6 +16,18 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
     return input_ids, attention, positions
 
 
+def padded_causal_mask(mask: torch.Tensor) -> torch.Tensor:
+    """(N, 1, L, L) boolean attention mask: causal, padding keys hidden, and every padding query
+    attending to itself. Without that last part the left-padding query rows are fully masked, and
+    the fused SDPA kernels on CUDA return NaN gradients for such rows once sequences pass ~128
+    tokens (seen on an H100 with torch 2.11: finite loss, NaN grad norm). transformers uses a 4D mask
+    as given."""
+    L = mask.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=mask.device).tril()
+    keys = mask.bool()[:, None, None, :] | torch.eye(L, dtype=torch.bool, device=mask.device)
+    return causal & keys
+
+
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
                    with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
                    entropy_grad: bool = False, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -32,7 +44,7 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
             logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
         if logits is None:
             input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-            logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            logits = model(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
                            logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
     logits = logits.float() / temperature
     logp_all = torch.log_softmax(logits, -1)
@@ -54,7 +66,8 @@ def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     first.scatter_(0, inverse, torch.arange(len(inverse), device=prompt_ids.device))
     umask = prompt_mask[first]
     upos = (umask.cumsum(-1) - 1).clamp(min=0)
-    head = model(input_ids=uniq, attention_mask=umask, position_ids=upos, use_cache=True, logits_to_keep=1)
+    head = model(input_ids=uniq, attention_mask=padded_causal_mask(umask), position_ids=upos, use_cache=True,
+                 logits_to_keep=1)
     cache = head.past_key_values
     cache.reorder_cache(inverse)  # (U, …) → (N, …): index_select, differentiable
     first_logits = head.logits[:, -1][inverse].unsqueeze(1)
