@@ -32,8 +32,13 @@ def _safe(name: str) -> str:
 def importances(study: optuna.Study, n_objectives: int) -> list[dict[str, float]]:
     """fANOVA parameter importances per objective ({} when there are too few finished trials)."""
     out = []
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     for i in range(n_objectives):
         target = (lambda t, i=i: t.values[i]) if n_objectives > 1 else None
+        if len({t.values[i] for t in complete}) < 2:  # fANOVA would split a constant evenly: meaningless
+            log.info("parameter importances unavailable: every complete trial scored the same")
+            out.append({})
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -256,3 +256,12 @@ def test_a_journal_file_storage_works_like_sqlite(tmp_path):
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     assert all(t.intermediate_values == {1: t.params["x"]} for t in study.trials)
     assert launcher.launched == [0, 1, 2]
+
+
+def test_importances_only_when_the_objective_varies(tmp_path):
+    sweep, _ = make_sweep(tmp_path / "flat", lambda v: {"score": 0.25}, n_trials=3)
+    assert sweep.run([])["importances"] == {"score": {}}
+    sweep, _ = make_sweep(tmp_path / "varies", lambda v: {"score": v["x"]},
+                          params={"x": "interval(0, 1)", "y": "interval(0, 1)"}, n_trials=10)
+    imp = sweep.run([])["importances"]["score"]
+    assert set(imp) == {"x", "y"} and imp["x"] > imp["y"]
