@@ -150,27 +150,17 @@ def overlong_penalty(batch: RolloutBatch, ctx=None, max_length: float | None = N
     return batch
 
 
-def _rollout_and_terms(ctx):
-    """The rollout engine and reward terms: ``ctx.rollout``/``ctx.reward_terms`` when the context
-    carries them, else those of the trainer that owns ``ctx.sample``."""
-    rollout, terms = getattr(ctx, "rollout", None), getattr(ctx, "reward_terms", None)
-    owner = getattr(getattr(ctx, "sample", None), "__self__", None)
-    rollout = rollout if rollout is not None else getattr(owner, "rollout", None)
-    terms = terms if terms is not None else getattr(owner, "reward_terms", None)
-    if rollout is None or terms is None:
-        raise RuntimeError("greedy_baseline needs the rollout engine and reward terms (ctx.rollout, ctx.reward_terms)")
-    return rollout, terms, owner
-
-
 def greedy_baseline(batch: RolloutBatch, ctx, key: str = "greedy_reward") -> RolloutBatch:
     """ReMax baseline: one greedy completion per prompt of the batch, scored by the same reward
     terms; its total reward goes to every row of the group as ``batch.extras[key]``. Stats:
     ``remax/greedy_reward_mean``, ``remax/greedy_length_mean``."""
     from rlexp.rewards.scoring import score
-    rollout, terms, owner = _rollout_and_terms(ctx)
+    rollout, terms = ctx.rollout, ctx.reward_terms
+    if rollout is None or terms is None:
+        raise RuntimeError("greedy_baseline needs the rollout engine and reward terms (ctx.rollout, ctx.reward_terms)")
     firsts = [i for i, g in enumerate(batch.group_ids.tolist()) if i == 0 or g != batch.group_ids[i - 1].item()]
     prompts = [batch.prompts[i] for i in firsts]
-    dtype = getattr(owner, "autocast_dtype", None)
+    dtype = ctx.autocast_dtype
     device = next(ctx.policy.parameters()).device
     t0 = time.perf_counter()
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):

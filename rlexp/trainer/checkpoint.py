@@ -30,7 +30,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(root: Path, *, step: int, model, optimizer, scheduler, sampler, reference, tracker_ids,
-                    extra: dict | None = None) -> Path:
+                    extra: dict | None = None, critic=None) -> Path:
     root = Path(root)
     tmp = root / f".tmp-{step}"
     if tmp.exists():
@@ -38,7 +38,8 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, scheduler, sampl
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None,
-                "rng": rng_state(), "reference": reference.state_dict() if reference else None}, tmp / "state.pt")
+                "rng": rng_state(), "reference": reference.state_dict() if reference else None,
+                "critic": critic.state_dict() if critic is not None else None}, tmp / "state.pt")
     (tmp / "trainer.json").write_text(json.dumps({"step": step, "sampler": sampler.state_dict(),
                                                   "tracker_ids": tracker_ids, **(extra or {})}))
     final = root / LAST
@@ -62,7 +63,7 @@ def find_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference) -> dict:
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None) -> dict:
     from safetensors.torch import load_file
     path = Path(path)
     files = sorted((path / "model").glob("*.safetensors"))
@@ -78,6 +79,8 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, referen
         scheduler.load_state_dict(blob["scheduler"])
     if reference is not None:
         reference.load_state_dict(blob["reference"])
+    if critic is not None:
+        critic.load_state_dict(blob.get("critic"), model)
     meta = json.loads((path / "trainer.json").read_text())
     sampler.load_state_dict(meta["sampler"])
     set_rng_state(blob["rng"])

@@ -38,6 +38,9 @@ class StageContext:
     sample: Callable[[int], RolloutBatch]
     settings: Any = None
     answer_format: str = "hash"
+    rollout: Any = None                # the rollout engine (ReMax's greedy baseline generates with it)
+    reward_terms: dict | None = None   # the reward terms (to score extra rollouts)
+    autocast_dtype: Any = None         # the matmul dtype the trainer generates under
 
 
 @dataclass
@@ -136,7 +139,8 @@ class Trainer:
         timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
         timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
         t1 = time.perf_counter()
-        ctx = StageContext(self.model, self.reference, self.tok, step, self.sample, self.s, self.prompt_format.answer_format)
+        ctx = StageContext(self.model, self.reference, self.tok, step, self.sample, self.s, self.prompt_format.answer_format,
+                           self.rollout, self.reward_terms, self.autocast_dtype)
         for stage in self.algo.group_stages:
             batch = stage(batch, ctx)
         timings["time/group_stage_s"] = time.perf_counter() - t1
@@ -184,7 +188,7 @@ class Trainer:
         found = ckpt.find_checkpoint(self.ckpt_dir) if self.s.resume else None
         if found is not None:
             meta = ckpt.load_checkpoint(found, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                        sampler=self.sampler, reference=self.reference)
+                                        sampler=self.sampler, reference=self.reference, critic=self.algo.critic)
             start_step, tracker_ids = meta["step"], meta.get("tracker_ids")
             log.info("Resuming from %s at step %d", found, start_step)
         elif self.s.resume and self.jsonl.path.exists() and self.jsonl.last_step() > 0:
@@ -242,7 +246,7 @@ class Trainer:
                 if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop:
                     ckpt.save_checkpoint(self.ckpt_dir, step=step, model=self.model, optimizer=self.optimizer,
                                          scheduler=self.scheduler, sampler=self.sampler, reference=self.reference,
-                                         tracker_ids=ids)
+                                         tracker_ids=ids, critic=self.algo.critic)
                 if stop:
                     result.stopped_early = True
                     break

@@ -52,3 +52,18 @@ def test_resume_after_crash_logs_each_step_once_and_matches_uninterrupted(tiny_c
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
         assert a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-5)
         assert a["length/mean"] == b["length/mean"]
+
+
+def test_ppo_checkpoint_holds_the_critic_and_resume_restores_it(tiny_cfg, tmp_path):
+    import torch
+    from tests.algorithms.varying_reward import __name__ as _  # noqa: F401  (ensures the test helper imports)
+    cfg = tiny_cfg("algorithm=ppo", "trainer.checkpoint_every=1")
+    run(cfg)
+    blob = torch.load(tmp_path / "run" / "checkpoints" / "last" / "state.pt", weights_only=False)
+    saved = blob["critic"]
+    assert saved is not None and "model" in saved and "optimizer" in saved
+    from omegaconf import open_dict
+    with open_dict(cfg):
+        cfg.trainer.max_steps = 3
+    result = run(cfg)  # resumes at step 2 with the saved critic (a rebuilt one would start from a zero head)
+    assert result.last_step == 3
