@@ -56,7 +56,6 @@ def test_resume_after_crash_logs_each_step_once_and_matches_uninterrupted(tiny_c
 
 def test_ppo_checkpoint_holds_the_critic_and_resume_restores_it(tiny_cfg, tmp_path):
     import torch
-    from tests.algorithms.varying_reward import __name__ as _  # noqa: F401  (ensures the test helper imports)
     cfg = tiny_cfg("algorithm=ppo", "trainer.checkpoint_every=1")
     run(cfg)
     blob = torch.load(tmp_path / "run" / "checkpoints" / "last" / "state.pt", weights_only=False)
