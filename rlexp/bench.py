@@ -61,7 +61,7 @@ log = logging.getLogger("rlexp.bench")
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("generate_s", "score_s", "train_s", "other_s")
 COLUMNS = ("generate_s", "score_s", "train_s", "other_s", "step_s", "completion_tokens", "tokens_per_s",
-           "peak_mem_mb", "mem_delta_mb", "mean_length", "reward_mean")
+           "generate_tokens_per_s", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length", "reward_mean")
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -271,6 +271,7 @@ class OursSide:
         self.records.append({
             "step": k, "generate_s": m["time/generate_s"], "score_s": m["time/reward_s"], "train_s": m["time/train_s"],
             "step_s": step_s, "completion_tokens": float(batch.completion_mask.sum()), "completions": len(batch),
+            "max_length": float(batch.completion_mask.sum(-1).max()),
             "reward_mean": m["reward/mean"], **mem})
         log_step("ours", self.records[-1])
 
@@ -287,6 +288,7 @@ def _finish(records: list[dict], trainer: str, warmup: int) -> list[dict]:
         r = {"trainer": trainer, "step": i, "warmup": i <= warmup, **{k: v for k, v in r.items() if k != "step"}}
         r["other_s"] = max(r["step_s"] - r["generate_s"] - r["score_s"] - r["train_s"], 0.0)
         r["tokens_per_s"] = r["completion_tokens"] / r["step_s"]
+        r["generate_tokens_per_s"] = r["completion_tokens"] / r["generate_s"]
         r["mean_length"] = r["completion_tokens"] / max(r["completions"], 1)
         out.append(r)
     return out
@@ -303,6 +305,7 @@ def summarise(rows: list[dict]) -> dict:
     mid = [meas[(len(meas) - 1) // 2], meas[len(meas) // 2]]
     s = {k: (mid[0][k] + mid[1][k]) / 2 for k in COLUMNS if k not in ("peak_mem_mb", "mem_delta_mb")}
     s["tokens_per_s"] = s["completion_tokens"] / s["step_s"]
+    s["generate_tokens_per_s"] = s["completion_tokens"] / s["generate_s"]
     s["peak_mem_mb"] = max(r["peak_mem_mb"] for r in meas)
     s["mem_delta_mb"] = max(r["mem_delta_mb"] for r in meas)
     s["steps"] = len(meas)
@@ -384,27 +387,32 @@ def markdown(r: dict) -> str:
              f"micro-batch {s['micro_batch_size']}, lr {s['lr']}, temperature {s['temperature']}, "
              f"top_k {s['top_k']}, top_p {s['top_p']}, β=0, μ=1; {r['warmup_steps']} warm-up + {r['measured_steps']} "
              f"measured steps each, order: {r['order']}.", ""]
-    head = "| trainer | generate s | score s | train s | other s | step s (min–max) | tokens | tokens/s | peak mem MB | Δmem MB | mean len | reward |"
-    lines += ["## Median step", "", head, "|" + "---|" * 12]
+    head = ("| trainer | generate s | score s | train s | other s | step s (min–max) | tokens | tokens/s | "
+            "generate tokens/s | peak mem MB | Δmem MB | mean len | max len | reward |")
+    lines += ["## Median step", "", "The measured step with the median step time (the mean of the two middle steps "
+              "for an even count); peak memory: the maximum over the measured steps.", "", head, "|" + "---|" * 14]
     for name, m in r["summary"].items():
         lines.append(f"| {name} | {_fmt(m['generate_s'])} | {_fmt(m['score_s'])} | {_fmt(m['train_s'])} | "
                      f"{_fmt(m['other_s'])} | {_fmt(m['step_s'])} ({_fmt(m['step_s_min'])}–{_fmt(m['step_s_max'])}) | "
-                     f"{_fmt(m['completion_tokens'], 1)} | {_fmt(m['tokens_per_s'], 1)} | {_fmt(m['peak_mem_mb'], 0)} | "
-                     f"{_fmt(m['mem_delta_mb'], 0)} | {_fmt(m['mean_length'], 1)} | {_fmt(m['reward_mean'])} |")
+                     f"{_fmt(m['completion_tokens'], 1)} | {_fmt(m['tokens_per_s'], 1)} | "
+                     f"{_fmt(m['generate_tokens_per_s'], 1)} | {_fmt(m['peak_mem_mb'], 0)} | "
+                     f"{_fmt(m['mem_delta_mb'], 0)} | {_fmt(m['mean_length'], 1)} | {_fmt(m['max_length'], 1)} | "
+                     f"{_fmt(m['reward_mean'])} |")
     q = r.get("ratio")
     if q:
-        lines.append(f"| **TRL / ours** | {_fmt(q['generate_s'], 2)} | {_fmt(q['score_s'], 2)} | {_fmt(q['train_s'], 2)} | "
-                     f"{_fmt(q['other_s'], 2)} | {_fmt(q['step_s'], 2)} | {_fmt(q['completion_tokens'], 2)} | "
-                     f"{_fmt(q['tokens_per_s'], 2)} | {_fmt(q['peak_mem_mb'], 2)} | {_fmt(q['mem_delta_mb'], 2)} | "
-                     f"{_fmt(q['mean_length'], 2)} | {_fmt(q['reward_mean'], 2)} |")
+        lines.append("| **TRL / ours** | " + " | ".join(_fmt(q[k], 2) for k in (
+            "generate_s", "score_s", "train_s", "other_s", "step_s", "completion_tokens", "tokens_per_s",
+            "generate_tokens_per_s", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length", "reward_mean")) + " |")
         lines += ["", f"Step time TRL / ours = **{q['step_s']:.2f}** (>1: ours faster); completion tokens/s "
                       f"TRL / ours = **{q['tokens_per_s']:.2f}** (<1: ours faster)."]
-    lines += ["", "## Every step", "", "| trainer | step | warm-up | generate s | score s | train s | other s | step s | "
-              "tokens | tokens/s | peak mem MB | load1 |", "|" + "---|" * 12]
+    lines += ["", "## Every step (in the order they ran)", "",
+              "| trainer | step | warm-up | generate s | score s | train s | other s | step s | tokens | max len | "
+              "tokens/s | peak mem MB | Δmem MB | load1 |", "|" + "---|" * 14]
     for x in r["steps"]:
         lines.append(f"| {x['trainer']} | {x['step']} | {_fmt(x['warmup'])} | {_fmt(x['generate_s'])} | {_fmt(x['score_s'])} | "
                      f"{_fmt(x['train_s'])} | {_fmt(x['other_s'])} | {_fmt(x['step_s'])} | {_fmt(x['completion_tokens'], 0)} | "
-                     f"{_fmt(x['tokens_per_s'], 1)} | {_fmt(x['peak_mem_mb'], 0)} | {_fmt(x['load1'], 2)} |")
+                     f"{_fmt(x['max_length'], 0)} | {_fmt(x['tokens_per_s'], 1)} | {_fmt(x['peak_mem_mb'], 0)} | "
+                     f"{_fmt(x['mem_delta_mb'], 0)} | {_fmt(x['load1'], 2)} |")
     lines += ["", "## Provenance", ""]
     lines += [f"- {k}: {_fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)}" for k, v in p.items()]
     lines += ["", "## Checks", ""]
@@ -518,7 +526,9 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         # interleave the per-step rows in the order they ran
         rows = [r for pair in zip(*((rows, trl_rows) if b.first == "ours" else (trl_rows, rows))) for r in pair]
     checks = {"compute_dtype_" + k: p.summary() for k, p in probes.items()}
+    checks["activation_checkpointing_ours"] = _checkpointing(ours_loaded.model)
     if trl is not None:
+        checks["activation_checkpointing_trl"] = _checkpointing(trl.trainer.model)
         checks["same_prompt_tokens_step1"] = ours.first_prompt_ids == trl.first_prompt_ids
         checks["same_eos_ids"] = (trl.trainer.eos_token_ids ==
                                   _eos_list(ours_loaded.model.generation_config.eos_token_id))
@@ -547,6 +557,14 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         log.info("TRL / ours: step time %.2f, tokens/s %.2f", report["ratio"]["step_s"], report["ratio"]["tokens_per_s"])
     log.info("wrote %s", report["files"]["md"])
     return report
+
+
+def _checkpointing(model) -> bool:
+    """Whether the model recomputes activations in the backward (transformers renamed the flag in 5.x)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
 
 
 def _eos_list(eos) -> list[int]:

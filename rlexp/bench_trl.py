@@ -67,6 +67,7 @@ class TimedGRPOTrainer(GRPOTrainer):
         self.bench_phase: dict[str, float] = defaultdict(float)
         self.bench_tokens = 0
         self.bench_rows = 0
+        self.bench_max_length = 0
         self.bench_rewards: list[float] = []
         self.bench_prompt_ids: list[list[int]] = []
 
@@ -79,6 +80,7 @@ class TimedGRPOTrainer(GRPOTrainer):
         prompt_ids, completion_ids = out[0], out[1]
         self.bench_tokens += sum(len(c) for c in completion_ids)
         self.bench_rows += len(completion_ids)
+        self.bench_max_length = max([self.bench_max_length, *map(len, completion_ids)])
         self.bench_prompt_ids.extend(list(map(int, p)) for p in prompt_ids)
         return out
 
@@ -142,6 +144,7 @@ class _Interleave(TrainerCallback):
         self.side.records.append({
             "step": state.global_step, "generate_s": gen, "score_s": sc, "train_s": in_step - gen - sc,
             "step_s": step_s, "completion_tokens": tr.bench_tokens, "completions": tr.bench_rows,
+            "max_length": tr.bench_max_length,
             "reward_mean": sum(tr.bench_rewards) / max(len(tr.bench_rewards), 1), **mem})
         if self.side.log_step is not None:
             self.side.log_step("trl", self.side.records[-1])

@@ -62,6 +62,8 @@ def test_times_positive_and_phases_within_the_step(tiny_report):
         assert x["completions"] == rows
         assert 0 < x["completion_tokens"] <= rows * detail["max_new_tokens"]
         assert x["tokens_per_s"] == pytest.approx(x["completion_tokens"] / x["step_s"])
+        assert x["generate_tokens_per_s"] == pytest.approx(x["completion_tokens"] / x["generate_s"])
+        assert x["mean_length"] <= x["max_length"] <= detail["max_new_tokens"]
         assert x["peak_mem_mb"] > 0 and 0 <= x["mem_delta_mb"] <= x["peak_mem_mb"]
 
 
@@ -103,6 +105,7 @@ def test_both_trainers_saw_the_same_prompts_eos_and_precision(tiny_report):
     c = r["checks"]
     assert c["same_prompt_tokens_step1"] is True
     assert c["same_eos_ids"] is True
+    assert c["activation_checkpointing_ours"] is False and c["activation_checkpointing_trl"] is False
     assert c["compute_dtype_ours"] == c["compute_dtype_trl"]
     assert c["compute_dtype_ours"]["train"] != "-" and c["compute_dtype_ours"]["generate"] != "-"
 
@@ -111,7 +114,7 @@ def test_both_trainers_saw_the_same_prompts_eos_and_precision(tiny_report):
 
 def _row(step, gen, score, train, step_s, tokens=100.0, peak=10.0, warm=False):
     return {"step": step, "generate_s": gen, "score_s": score, "train_s": train, "step_s": step_s,
-            "completion_tokens": tokens, "completions": 4, "reward_mean": 0.5, "peak_mem_mb": peak,
+            "completion_tokens": tokens, "completions": 4, "max_length": 30.0, "reward_mean": 0.5, "peak_mem_mb": peak,
             "mem_delta_mb": peak / 2, "load1": 1.0}
 
 
@@ -122,6 +125,7 @@ def test_summarise_odd_count_takes_the_middle_step_and_skips_warmup():
     s = summarise(rows)
     assert s["steps"] == 3 and s["step_s"] == 4 and s["generate_s"] == 1 and s["train_s"] == 2
     assert s["other_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(25.0)
+    assert s["generate_tokens_per_s"] == pytest.approx(100.0) and s["max_length"] == 30
     assert s["peak_mem_mb"] == 30  # the warm-up's 500 is not measured
     assert (s["step_s_min"], s["step_s_max"]) == (2.5, 6)
 
