@@ -260,14 +260,13 @@ class OursSide:
             optimizer=optimizer, scheduler=None, tracker=NoTracker(), jsonl=JSONLTracker(run_dir / "metrics.jsonl"),
             run_dir=run_dir, run_name="bench-ours", config={}, params={}, tags={}, accuracy_term=t.accuracy_term)
         self.records: list[dict] = []
-        self.first_prompt_ids: list[list[int]] | None = None
+        self.prompt_ids: list[list[list[int]]] = []  # per step: the prompt tokens of every completion
 
     def step(self, k: int, meter: Meter) -> None:
         meter.start()
         batch, m = self.trainer.train_step(k)
         step_s, mem = meter.stop()
-        if self.first_prompt_ids is None:
-            self.first_prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.prompt_ids, batch.prompt_mask)]
+        self.prompt_ids.append([ids[mask.bool()].tolist() for ids, mask in zip(batch.prompt_ids, batch.prompt_mask)])
         self.records.append({
             "step": k, "generate_s": m["time/generate_s"], "score_s": m["time/reward_s"], "train_s": m["time/train_s"],
             "step_s": step_s, "completion_tokens": float(batch.completion_mask.sum()), "completions": len(batch),
@@ -529,7 +528,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     checks["activation_checkpointing_ours"] = _checkpointing(ours_loaded.model)
     if trl is not None:
         checks["activation_checkpointing_trl"] = _checkpointing(trl.trainer.model)
-        checks["same_prompt_tokens_step1"] = ours.first_prompt_ids == trl.first_prompt_ids
+        checks["same_prompt_tokens_every_step"] = ours.prompt_ids == trl.prompt_ids
         checks["same_eos_ids"] = (trl.trainer.eos_token_ids ==
                                   _eos_list(ours_loaded.model.generation_config.eos_token_id))
     import transformers

@@ -148,8 +148,7 @@ class _Interleave(TrainerCallback):
             "reward_mean": sum(tr.bench_rewards) / max(len(tr.bench_rewards), 1), **mem})
         if self.side.log_step is not None:
             self.side.log_step("trl", self.side.records[-1])
-        if self.side.first_prompt_ids is None:
-            self.side.first_prompt_ids = tr.bench_prompt_ids
+        self.side.prompt_ids.append(tr.bench_prompt_ids)
         self.after_step(state.global_step)
         tr._bench_reset()
         self.meter.start()
@@ -167,7 +166,7 @@ class TRLSide:
                                         processing_class=tokenizer)
         self.trainer._bench_reset()
         self.records: list[dict[str, Any]] = []
-        self.first_prompt_ids: list[list[int]] | None = None
+        self.prompt_ids: list[list[list[int]]] = []  # per step: the prompt tokens of every completion
         self.log_step: Callable[[str, dict], None] | None = None
 
     def run(self, after_step: Callable[[int], None], meter, log_step: Callable[[str, dict], None] | None = None

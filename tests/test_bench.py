@@ -103,7 +103,7 @@ def test_csv_and_markdown_carry_the_same_numbers(tiny_report):
 def test_both_trainers_saw_the_same_prompts_eos_and_precision(tiny_report):
     _, r = tiny_report
     c = r["checks"]
-    assert c["same_prompt_tokens_step1"] is True
+    assert c["same_prompt_tokens_every_step"] is True
     assert c["same_eos_ids"] is True
     assert c["activation_checkpointing_ours"] is False and c["activation_checkpointing_trl"] is False
     assert c["compute_dtype_ours"] == c["compute_dtype_trl"]
@@ -184,3 +184,21 @@ def test_cli_dispatches_bench(capsys):
     main(["bench", "bench_setting=gpu_large", "--cfg", "job"])
     printed = capsys.readouterr().out
     assert "prompts_per_step: 64" in printed and "max_new_tokens: 256" in printed and "setting: gpu_large" in printed
+
+
+def test_prompt_check_catches_trl_seeing_other_prompts(tmp_path, monkeypatch):
+    """The same-prompts check is real: feed TRL the prompts in reverse order and it reports False."""
+    from rlexp import bench, bench_trl
+    original = bench_trl.bench_dataset
+    monkeypatch.setattr(bench_trl, "bench_dataset", lambda records, fmt: original(records[::-1], fmt))
+    cfg = _bench_cfg(tmp_path, "bench_setting=tiny", "bench.warmup_steps=0", "bench.steps=1",
+                     f"bench.out_dir={tmp_path / 'out'}")
+    import torch
+    threads = torch.get_num_threads()
+    try:
+        report = bench.run(cfg, "test")
+    finally:
+        torch.set_num_threads(threads)  # the tiny setting uses one thread: leave the session as it was
+    assert report["checks"]["same_prompt_tokens_every_step"] is False
+    assert report["checks"]["same_eos_ids"] is True
+    assert (tmp_path / "out" / "tiny-cpu.md").exists()
