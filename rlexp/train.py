@@ -89,6 +89,20 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
     return lambda model, tok, step: {k: v for e in evaluators for k, v in e(model, tok, step).items()}
 
 
+def build(node, key: str, **kwargs):
+    """``hydra.utils.instantiate`` that reports a failure as one message naming the config key and
+    the original error (Hydra wraps it in InstantiationException)."""
+    from hydra.errors import InstantiationException
+    from rlexp.config.schema import ConfigError
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, (ValueError, FileNotFoundError, KeyError, TypeError)):
+            raise ConfigError(f"{key}: {cause}") from cause
+        raise
+
+
 def run(cfg: DictConfig, callbacks: list | None = None):
     """Build everything from a composed config and train. Returns ``TrainResult``."""
     from rlexp.models.loading import load_model
@@ -104,13 +118,13 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     device = resolve_device(t.device)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)
+    data = build(cfg.dataset, "dataset")
+    prompt_format = build(cfg.prompt, "prompt")
+    reward_terms = {name: build(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
+    algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
+    rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)
-    data = instantiate(cfg.dataset)
-    prompt_format = instantiate(cfg.prompt)
-    reward_terms = {name: instantiate(term) for name, term in cfg.reward.terms.items()}
-    algorithm = instantiate(cfg.algorithm, _convert_="all")
-    rollout = instantiate(cfg.rollout)
-    optimizer = instantiate(cfg.optimizer)(loaded.model.parameters())
+    optimizer = build(cfg.optimizer, "optimizer")(loaded.model.parameters())
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
     tracker, jsonl = build_trackers(cfg, run_dir)
     from rlexp.evaluation.consistency import meter_from_config
