@@ -55,7 +55,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.schema import ConfigError, TrainerConfig
-from rlexp.train import CONF_DIR, build, resolve_device, seed_everything
+from rlexp.train import CONF_DIR, build, prepare_process
 
 log = logging.getLogger("rlexp.bench")
 REPO = Path(__file__).resolve().parent.parent
@@ -449,10 +449,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         raise ConfigError(f"bench.warmup_steps={b.warmup_steps}, bench.steps={b.steps}: need >= 0 and >= 1")
     if b.first not in ("ours", "trl"):
         raise ConfigError(f"bench.first={b.first!r} is not one of ['ours', 'trl']")
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
-    seed_everything(t.seed)
-    device = resolve_device(t.device)
+    device = prepare_process(t)
     run_dir = Path(t.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()

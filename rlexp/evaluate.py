@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.schema import register
-from rlexp.train import CONF_DIR, build_trackers, flatten, resolve_device, seed_everything, write_provenance
+from rlexp.train import CONF_DIR, build_trackers, flatten, prepare_process, write_provenance
 
 log = logging.getLogger("rlexp.evaluate")
 register()
@@ -61,10 +61,7 @@ def run_eval(cfg: DictConfig):
     t = cfg.trainer
     if cfg.eval.temperature is None or cfg.eval.temperature <= 0:
         raise ValueError(f"eval.temperature={cfg.eval.temperature}: must be > 0")
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
-    seed_everything(t.seed)
-    device = resolve_device(t.device)
+    device = prepare_process(t)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)
     benchmarks = build_benchmarks(cfg.benchmark)

@@ -36,6 +36,14 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+def prepare_process(t) -> torch.device:
+    """Threads, every RNG seeded from ``t.seed``, and the device of ``t.device`` (train, eval, bench)."""
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    seed_everything(t.seed)
+    return resolve_device(t.device)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -112,10 +120,7 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
     callbacks = [*(callbacks or []), *sweep_callbacks(cfg)]
     t = cfg.trainer
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
-    seed_everything(t.seed)
-    device = resolve_device(t.device)
+    device = prepare_process(t)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)
     data = build(cfg.dataset, "dataset")
