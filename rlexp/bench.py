@@ -61,7 +61,8 @@ log = logging.getLogger("rlexp.bench")
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("generate_s", "score_s", "train_s", "other_s")
 COLUMNS = ("generate_s", "score_s", "train_s", "other_s", "step_s", "completion_tokens", "tokens_per_s",
-           "generate_tokens_per_s", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length", "reward_mean")
+           "generate_tokens_per_s", "tokens_per_s_all", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length",
+           "reward_mean")
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -297,14 +298,16 @@ def _finish(records: list[dict], trainer: str, warmup: int) -> list[dict]:
 
 def summarise(rows: list[dict]) -> dict:
     """The median step by step time (mean of the two middle steps for an even count) of the
-    measured steps; peak memory is the maximum over them."""
+    measured steps; peak memory is the maximum over them; ``tokens_per_s_all`` is all measured
+    completion tokens over all measured step time (less sensitive to one step's sampled lengths)."""
     meas = sorted((r for r in rows if not r["warmup"]), key=lambda r: r["step_s"])
     if not meas:
         raise ValueError("no measured steps (bench.steps must be >= 1)")
     mid = [meas[(len(meas) - 1) // 2], meas[len(meas) // 2]]
-    s = {k: (mid[0][k] + mid[1][k]) / 2 for k in COLUMNS if k not in ("peak_mem_mb", "mem_delta_mb")}
+    s = {k: (mid[0][k] + mid[1][k]) / 2 for k in COLUMNS if k not in ("peak_mem_mb", "mem_delta_mb", "tokens_per_s_all")}
     s["tokens_per_s"] = s["completion_tokens"] / s["step_s"]
     s["generate_tokens_per_s"] = s["completion_tokens"] / s["generate_s"]
+    s["tokens_per_s_all"] = sum(r["completion_tokens"] for r in meas) / sum(r["step_s"] for r in meas)
     s["peak_mem_mb"] = max(r["peak_mem_mb"] for r in meas)
     s["mem_delta_mb"] = max(r["mem_delta_mb"] for r in meas)
     s["steps"] = len(meas)
@@ -387,23 +390,28 @@ def markdown(r: dict) -> str:
              f"top_k {s['top_k']}, top_p {s['top_p']}, β=0, μ=1; {r['warmup_steps']} warm-up + {r['measured_steps']} "
              f"measured steps each, order: {r['order']}.", ""]
     head = ("| trainer | generate s | score s | train s | other s | step s (min–max) | tokens | tokens/s | "
-            "generate tokens/s | peak mem MB | Δmem MB | mean len | max len | reward |")
+            "generate tokens/s | tokens/s, all measured | peak mem MB | Δmem MB | mean len | max len | reward |")
     lines += ["## Median step", "", "The measured step with the median step time (the mean of the two middle steps "
-              "for an even count); peak memory: the maximum over the measured steps.", "", head, "|" + "---|" * 14]
+              "for an even count); peak memory: the maximum over the measured steps; tokens/s, all measured: every "
+              "measured completion token over all measured step time.", "", head, "|" + "---|" * 15]
     for name, m in r["summary"].items():
         lines.append(f"| {name} | {_fmt(m['generate_s'])} | {_fmt(m['score_s'])} | {_fmt(m['train_s'])} | "
                      f"{_fmt(m['other_s'])} | {_fmt(m['step_s'])} ({_fmt(m['step_s_min'])}–{_fmt(m['step_s_max'])}) | "
                      f"{_fmt(m['completion_tokens'], 1)} | {_fmt(m['tokens_per_s'], 1)} | "
-                     f"{_fmt(m['generate_tokens_per_s'], 1)} | {_fmt(m['peak_mem_mb'], 0)} | "
+                     f"{_fmt(m['generate_tokens_per_s'], 1)} | {_fmt(m['tokens_per_s_all'], 1)} | {_fmt(m['peak_mem_mb'], 0)} | "
                      f"{_fmt(m['mem_delta_mb'], 0)} | {_fmt(m['mean_length'], 1)} | {_fmt(m['max_length'], 1)} | "
                      f"{_fmt(m['reward_mean'])} |")
     q = r.get("ratio")
     if q:
         lines.append("| **TRL / ours** | " + " | ".join(_fmt(q[k], 2) for k in (
             "generate_s", "score_s", "train_s", "other_s", "step_s", "completion_tokens", "tokens_per_s",
-            "generate_tokens_per_s", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length", "reward_mean")) + " |")
+            "generate_tokens_per_s", "tokens_per_s_all", "peak_mem_mb", "mem_delta_mb", "mean_length", "max_length",
+            "reward_mean")) + " |")
         lines += ["", f"Step time TRL / ours = **{q['step_s']:.2f}** (>1: ours faster); completion tokens/s "
-                      f"TRL / ours = **{q['tokens_per_s']:.2f}** (<1: ours faster)."]
+                      f"TRL / ours = **{q['tokens_per_s']:.2f}** for the median step, **{q['tokens_per_s_all']:.2f}** "
+                      "over all measured steps (<1: ours faster). Completion lengths are sampled, so tokens/s moves "
+                      "with them; the step time is the steadier comparison while generation runs to the same "
+                      "max length on both sides (max len)."]
     lines += ["", "## Every step (in the order they ran)", "",
               "| trainer | step | warm-up | generate s | score s | train s | other s | step s | tokens | max len | "
               "tokens/s | peak mem MB | Δmem MB | load1 |", "|" + "---|" * 14]

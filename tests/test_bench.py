@@ -78,6 +78,8 @@ def test_summary_is_the_median_step_and_ratio_is_trl_over_ours(tiny_report):
             assert s[k] == pytest.approx(sum(x[k] for x in meas) / 2)  # two steps: the mean of both
         assert s["generate_s"] + s["score_s"] + s["train_s"] + s["other_s"] == pytest.approx(s["step_s"])
         assert s["peak_mem_mb"] == max(x["peak_mem_mb"] for x in meas)
+        assert s["tokens_per_s_all"] == pytest.approx(sum(x["completion_tokens"] for x in meas) /
+                                                      sum(x["step_s"] for x in meas))
     for k in COLUMNS:
         ours, trl = r["summary"]["ours"][k], r["summary"]["trl"][k]
         assert r["ratio"][k] == (pytest.approx(trl / ours) if ours else None), k
@@ -126,6 +128,7 @@ def test_summarise_odd_count_takes_the_middle_step_and_skips_warmup():
     assert s["steps"] == 3 and s["step_s"] == 4 and s["generate_s"] == 1 and s["train_s"] == 2
     assert s["other_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(25.0)
     assert s["generate_tokens_per_s"] == pytest.approx(100.0) and s["max_length"] == 30
+    assert s["tokens_per_s_all"] == pytest.approx(250 / 12.5)
     assert s["peak_mem_mb"] == 30  # the warm-up's 500 is not measured
     assert (s["step_s_min"], s["step_s_max"]) == (2.5, 6)
 
