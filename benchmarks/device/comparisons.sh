@@ -6,7 +6,7 @@ set -u
 export OMP_NUM_THREADS=2
 steps=${STEPS:-150}
 limit=${LIMIT:-560}
-base="${EXTRA:-} trainer.max_steps=$steps eval.size=100 trainer.eval_every=25 trainer.checkpoint_every=0"
+base="${EXTRA:-} trainer.max_steps=$steps eval.size=100 trainer.eval_every=25 trainer.checkpoint_every=${CKPT:-0}"
 care="+experiment=care_vs_grpo_smollm2 $base reward.terms.accuracy.fallback_last_number=false consistency.enabled=true consistency.max_completions=32"
 lam="+experiment=lambda_vs_length_penalty_smollm2 $base"
 if [ -n "${ONLY_ISSUE8:-}" ]; then
