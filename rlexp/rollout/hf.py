@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from rlexp.rollout.decode import DecodeLoop, Sampling
+
 
 class SampledLogprobRecorder(LogitsProcessor):
     def __init__(self, temperature: float):
@@ -58,15 +60,29 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     return mask, ~has_eos
 
 
+ENGINES = ("generate", "loop")
+
+
 class HFRollout:
-    """Sampling with ``model.generate``. ``micro_batch`` bounds how many sequences go through one
-    generate call (memory); ``cache_implementation`` is passed through (``static`` makes transformers
-    compile the decode step: ~14x faster decoding on an H100 for a 135M model, after a one-time
-    compile per shape — so ``pad_to_multiple_of`` buckets prompt lengths to bound the shapes)."""
+    """Sampling with a transformers model. ``engine``: ``generate`` (transformers ``model.generate``
+    with the log-prob recorder) or ``loop`` (``rlexp.rollout.decode``: one prefill per prompt, sampling
+    on the device, no per-token host synchronisation on CUDA). ``micro_batch`` bounds how many
+    sequences are decoded together (memory); ``cache_implementation="static"`` gives a static KV cache
+    and a compiled decode step (CUDA graphs): far faster decoding on a GPU after a one-time compile
+    per shape — so ``pad_to_multiple_of`` buckets prompt lengths to bound the shapes."""
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None,
-                 inference_dtype: str | None = None):
+                 inference_dtype: str | None = None, engine: str = "generate", stop_check_every: int = 8):
+        if engine not in ENGINES:
+            raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
+        if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
+            raise ValueError(f"rollout.cache_implementation={cache_implementation!r}: engine=loop supports "
+                             "null/dynamic or static")
+        self.engine = engine
+        self._loop = DecodeLoop(static=cache_implementation == "static",
+                                compile=cache_implementation == "static" and torch.cuda.is_available(),
+                                stop_check_every=stop_check_every) if engine == "loop" else None
         if max_new_tokens <= 0:
             raise ValueError(f"rollout.max_new_tokens must be > 0, got {max_new_tokens}")
         if temperature <= 0:
@@ -96,20 +112,42 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_generations: int = 1,
                  greedy: bool = False, max_new_tokens: int | None = None) -> RolloutOutput:
-        rows = [p for p in prompts for _ in range(num_generations)]
         model = self.inference_model(model)
+        if self._loop is not None:
+            per_call = max(1, self.micro_batch // num_generations) if self.micro_batch else len(prompts)
+            parts = [self._generate_loop(model, tokenizer, prompts[i:i + per_call], num_generations, greedy,
+                                         max_new_tokens or self.max_new_tokens)
+                     for i in range(0, len(prompts), per_call)]
+            return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+        rows = [p for p in prompts for _ in range(num_generations)]
         step = self.micro_batch or len(rows)
         parts = [self._generate(model, tokenizer, rows[i:i + step], greedy, max_new_tokens or self.max_new_tokens)
                  for i in range(0, len(rows), step)]
         return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
 
-    def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
+    def _encode(self, model, tokenizer, rows):
         device = next(model.parameters()).device
         enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False,
                         pad_to_multiple_of=self.pad_to_multiple_of).to(device)
-        recorder = SampledLogprobRecorder(self.temperature)
         eos = model.generation_config.eos_token_id
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id]
+        return enc, eos_ids
+
+    def _generate_loop(self, model, tokenizer, prompts, num_generations, greedy, max_new_tokens) -> RolloutOutput:
+        enc, eos_ids = self._encode(model, tokenizer, prompts)
+        sampling = Sampling(self.temperature, 0 if greedy else self.top_k, 1.0 if greedy else self.top_p, greedy)
+        was_training = model.training
+        model.eval()
+        completion, logprobs = self._loop.run(model, enc["input_ids"], enc["attention_mask"], num_generations,
+                                              max_new_tokens, eos_ids, tokenizer.pad_token_id, sampling)
+        model.train(was_training)
+        G = num_generations
+        return _finish(tokenizer, enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0),
+                       completion, logprobs, eos_ids)
+
+    def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
+        enc, eos_ids = self._encode(model, tokenizer, rows)
+        recorder = SampledLogprobRecorder(self.temperature)
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
                       logits_processor=LogitsProcessorList([recorder]))
         if self.cache_implementation:
@@ -124,11 +162,15 @@ class HFRollout:
         model.train(was_training)
         completion = out[:, enc["input_ids"].shape[1]:]
         logprobs = recorder.finish(completion[:, -1]) if completion.shape[1] else torch.zeros_like(completion, dtype=torch.float)
-        mask, truncated = completion_mask_from_ids(completion, eos_ids)
-        completion = torch.where(mask.bool(), completion, torch.full_like(completion, tokenizer.pad_token_id))
-        texts = tokenizer.batch_decode(completion * mask + (1 - mask) * tokenizer.pad_token_id, skip_special_tokens=True)
-        return RolloutOutput(enc["input_ids"], enc["attention_mask"], completion, mask,
-                             logprobs.to(device) * mask, truncated, texts)
+        return _finish(tokenizer, enc["input_ids"], enc["attention_mask"], completion, logprobs, eos_ids)
+
+
+def _finish(tokenizer, prompt_ids, prompt_mask, completion, logprobs, eos_ids) -> RolloutOutput:
+    """Mask everything after each row's first EOS, decode the texts."""
+    mask, truncated = completion_mask_from_ids(completion, eos_ids)
+    completion = torch.where(mask.bool(), completion, torch.full_like(completion, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    return RolloutOutput(prompt_ids, prompt_mask, completion, mask, logprobs.to(completion.device) * mask, truncated, texts)
 
 
 def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
