@@ -534,6 +534,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     if trl is not None:
         checks["activation_checkpointing_trl"] = _checkpointing(trl.trainer.model)
         checks["same_prompt_tokens_every_step"] = ours.prompt_ids == trl.prompt_ids
+        checks["trl_steps_with_nonfinite_grads_skipped"] = trl.skipped_steps or "none"
         checks["same_eos_ids"] = (trl.trainer.eos_token_ids ==
                                   _eos_list(ours_loaded.model.generation_config.eos_token_id))
     import transformers

@@ -154,6 +154,25 @@ class _Interleave(TrainerCallback):
         self.meter.start()
 
 
+class _SkipNonFiniteUpdate(TrainerCallback):
+    """Skip TRL's optimiser step when its gradients are not finite (as AMP's GradScaler does), so a
+    NaN backward does not turn the weights into NaN and crash the next sampling step. TRL has no such
+    guard; on an H100 with torch 2.11, bf16, 16 × 8 × 256, its SDPA backward returned NaN gradients
+    (fully masked left-padding query rows — the case ``rlexp.trainer.policy.padded_causal_mask``
+    fixes on our side). Costs one gradient-norm reduction per step; skipped steps are counted
+    in the report."""
+
+    def __init__(self, side: "TRLSide"):
+        self.side = side
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+            for p in model.parameters():
+                p.grad = None
+            self.side.skipped_steps.append(state.global_step + 1)
+
+
 class TRLSide:
     """TRL's GRPOTrainer on the bench's setting. ``run(total_steps, after_step, meter)`` runs
     ``trainer.train()``; after each of TRL's optimiser steps it calls ``after_step(k)``."""
@@ -168,11 +187,13 @@ class TRLSide:
         self.records: list[dict[str, Any]] = []
         self.prompt_ids: list[list[list[int]]] = []  # per step: the prompt tokens of every completion
         self.log_step: Callable[[str, dict], None] | None = None
+        self.skipped_steps: list[int] = []   # TRL steps whose non-finite gradients were not applied
 
     def run(self, after_step: Callable[[int], None], meter, log_step: Callable[[str, dict], None] | None = None
             ) -> list[dict]:
         self.log_step = log_step
         self.trainer.bench_sync = meter.sync
+        self.trainer.add_callback(_SkipNonFiniteUpdate(self))
         self.trainer.add_callback(_Interleave(self, meter, after_step))
         meter.start()
         self.trainer.train()
