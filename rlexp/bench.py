@@ -500,7 +500,8 @@ def run(cfg: DictConfig, command: str = "") -> dict:
             bf16=bf16, gradient_checkpointing=b.trl.gradient_checkpointing, optim=b.trl.optim,
             scale_rewards=cfg.algorithm.advantage.get("scale", "group"), reward_weight=term_cfg.get("weight", 1.0))
         trl = bench_trl.TRLSide(model=trl_loaded.model, tokenizer=trl_loaded.tokenizer, records=records,
-                                prompt_format=prompt_format, reward_term=ours.reward_terms[term_name], config=config)
+                                prompt_format=prompt_format, reward_term=ours.reward_terms[term_name], config=config,
+                                skip_nonfinite_steps=b.trl.get("skip_nonfinite_steps", True))
         probes["trl"] = DtypeProbe(trl_loaded.model)
         precision["trl"] = (f"fp32 weights, bf16={bf16} (accelerate autocast {'bf16' if bf16 else 'off'}), "
                             f"gradient_checkpointing={b.trl.gradient_checkpointing}, optim={b.trl.optim}")
@@ -534,7 +535,8 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     if trl is not None:
         checks["activation_checkpointing_trl"] = _checkpointing(trl.trainer.model)
         checks["same_prompt_tokens_every_step"] = ours.prompt_ids == trl.prompt_ids
-        checks["trl_steps_with_nonfinite_grads_skipped"] = trl.skipped_steps or "none"
+        checks["trl_steps_with_nonfinite_grads_skipped"] = (trl.skipped_steps or "none") if trl.skip_nonfinite_steps \
+            else "guard off"
         checks["same_eos_ids"] = (trl.trainer.eos_token_ids ==
                                   _eos_list(ours_loaded.model.generation_config.eos_token_id))
     import transformers

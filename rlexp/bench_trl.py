@@ -178,8 +178,9 @@ class TRLSide:
     ``trainer.train()``; after each of TRL's optimiser steps it calls ``after_step(k)``."""
 
     def __init__(self, *, model, tokenizer, records: list[dict], prompt_format, reward_term: RewardTerm,
-                 config: GRPOConfig):
+                 config: GRPOConfig, skip_nonfinite_steps: bool = True):
         self.config = config
+        self.skip_nonfinite_steps = skip_nonfinite_steps
         self.trainer = TimedGRPOTrainer(model=model, reward_funcs=[AccuracyReward(reward_term)], args=config,
                                         train_dataset=bench_dataset(records, prompt_format),
                                         processing_class=tokenizer)
@@ -193,7 +194,8 @@ class TRLSide:
             ) -> list[dict]:
         self.log_step = log_step
         self.trainer.bench_sync = meter.sync
-        self.trainer.add_callback(_SkipNonFiniteUpdate(self))
+        if self.skip_nonfinite_steps:
+            self.trainer.add_callback(_SkipNonFiniteUpdate(self))
         self.trainer.add_callback(_Interleave(self, meter, after_step))
         meter.start()
         self.trainer.train()

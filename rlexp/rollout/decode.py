@@ -13,11 +13,15 @@ with far less work around each model call.
   ``StaticCache`` reused across rollouts (stable addresses), and the one-token decode step is
   ``torch.compile``d in ``reduce-overhead`` mode (CUDA graphs), as transformers does for
   ``cache_implementation="static"``; the prefill runs eagerly. Each (batch, cache length) pair
-  compiles once, so prompt lengths should be bucketed (``pad_to_multiple_of``).
+  compiles once (30-60 s on an H100), so the cache length is rounded up to a multiple of
+  ``cache_length_multiple`` (128): prompts of nearby lengths share one compiled step (every
+  decode step attends over the whole cache, so the multiple is kept small).
 
 Sampling uses the exponential-race form of categorical sampling (argmax of p / E, E ~ Exp(1)), which
 draws from the same distribution as ``torch.multinomial`` without its host synchronisation; the random
-stream therefore differs from ``generate``'s, and greedy decoding is token-for-token identical.
+stream therefore differs from ``generate``'s. Greedy decoding gives ``generate``'s tokens (token for
+token in fp32 on the CPU; in bf16 on a GPU the static cache's kernels round differently from the
+dynamic cache's, so long greedy continuations can part ways after a near-tie).
 """
 from __future__ import annotations
 
@@ -57,8 +61,10 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
 
 
 class DecodeLoop:
-    def __init__(self, static: bool = False, compile: bool = False, stop_check_every: int = 8):
+    def __init__(self, static: bool = False, compile: bool = False, stop_check_every: int = 8,
+                 cache_length_multiple: int = 128):
         self.static, self.compile, self.stop_check_every = static, compile, max(1, stop_check_every)
+        self.cache_length_multiple = max(1, cache_length_multiple)
         self._caches: dict = {}
         self._steps: dict = {}
 
@@ -95,6 +101,8 @@ class DecodeLoop:
         U, P = prompt_ids.shape
         B = U * G
         L = P + max_new_tokens
+        if self.static:
+            L = -(-L // self.cache_length_multiple) * self.cache_length_multiple
         lengths = prompt_mask.sum(-1).repeat_interleave(G)            # real prompt tokens per row
         mask = torch.ones(B, L, dtype=prompt_mask.dtype, device=device)
         mask[:, :P] = prompt_mask.repeat_interleave(G, 0)
@@ -120,7 +128,7 @@ class DecodeLoop:
         done = torch.zeros(B, dtype=torch.bool, device=device)
         tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float, device=device)
-        cache_positions = torch.arange(P, L, device=device)
+        cache_positions = torch.arange(P, P + max_new_tokens, device=device)
         check_every = self.stop_check_every if device.type == "cuda" else 1
         t = 0
         while True:

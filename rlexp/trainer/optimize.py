@@ -36,6 +36,17 @@ def _rows(batch: RolloutBatch, idx: torch.Tensor):
     return trim(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx], batch.completion_mask[idx])
 
 
+def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
+    acc[key] = value if key not in acc else fold(acc[key], value)
+
+
+def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
+    if not acc:
+        return {}
+    values = torch.stack([v.float().reshape(()) for v in acc.values()]).tolist()
+    return dict(zip(acc.keys(), values))
+
+
 @torch.no_grad()
 def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float,
                    autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> torch.Tensor:
@@ -62,7 +73,7 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
     token_count = float(mask.sum().clamp(min=1))
     for _ in range(mu):
         optimizer.zero_grad(set_to_none=True)
-        pass_sums: dict[str, float] = defaultdict(float)
+        pass_sums: dict[str, torch.Tensor] = {}
         for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
             dev_idx = idx.to(mask.device)
             p, pm, c, cm, end = _rows(batch, dev_idx)
@@ -79,16 +90,21 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
             loss = aggregate(out.per_token, lm, algo.aggregation, norm)
             loss.backward()
-            pass_sums["loss/total"] += float(loss.detach())
-            pass_sums["entropy/mean"] += float((entropy.detach() * lm).sum())
+            # metrics stay on the device (summed as tensors): one host synchronisation per pass, not
+            # several per micro-batch, so the host keeps queueing the next micro-batch's kernels
+            _add(pass_sums, "loss/total", loss.detach())
+            _add(pass_sums, "entropy/mean", (entropy.detach() * lm).sum())
             for k, v in out.token_stats.items():
-                pass_sums[k] += float((v.detach().float() * lm).sum())
+                _add(pass_sums, k, (v.detach().float() * lm).sum())
             if "ratio/mean" in out.token_stats:
-                r = out.token_stats["ratio/mean"].detach()
-                valid = lm.bool()
-                if valid.any():
-                    sums["ratio/max"] = max(sums.get("ratio/max", 0.0), float(r[valid].max()))
-                    sums["ratio/min"] = min(sums.get("ratio/min", float("inf")), float(r[valid].min()))
+                r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
+                _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
+                _add(pass_sums, "ratio/min", r.masked_fill(~valid, float("inf")).min(), torch.minimum)
+        pass_sums = _to_host(pass_sums)
+        for k, fold in (("ratio/max", max), ("ratio/min", min)):
+            v = pass_sums.pop(k, None)
+            if v is not None and abs(v) != float("inf"):
+                sums[k] = fold(sums[k], v) if k in sums else v
         params = [q for q in model.parameters() if q.grad is not None]
         gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
         if not torch.isfinite(gn):

@@ -46,14 +46,63 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
             input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
             logits = model(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
                            logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, -1)
+    if not (with_entropy and entropy_grad and torch.is_grad_enabled()):
+        logp, entropy = selected_logprobs(logits, completion_ids, temperature, with_entropy)
+        return logp, entropy if with_entropy else None
+    # an entropy bonus needs the entropy's gradient: the plain full-vocabulary form
+    logp_all = torch.log_softmax(logits.float() / temperature, -1)
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:  # only a loss term (entropy bonus) needs its gradient
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+class _SelectedLogprobs(torch.autograd.Function):
+    """log softmax(logits / τ)[token] (and, without gradient, the entropy of softmax(logits / τ)),
+    computed in fp32 over chunks of rows: the forward keeps only the logits (in their own dtype)
+    and one log-sum-exp per token; the backward recomputes each chunk's softmax,
+    ∂logp/∂logits = (onehot − softmax) / τ. No (N, T, V) fp32 tensor is ever alive — the
+    full-vocabulary log-softmax, its exp for the entropy and its gradient were 3–5 of them."""
+
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature: float, with_entropy: bool, chunk: int):
+        V = logits.shape[-1]
+        flat, tok = logits.reshape(-1, V), tokens.reshape(-1)
+        ct = torch.promote_types(logits.dtype, torch.float32)   # compute dtype: fp32 (fp64 stays fp64)
+        lse = torch.empty(flat.shape[0], dtype=ct, device=logits.device)
+        picked = torch.empty_like(lse)
+        entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
+        for s in range(0, flat.shape[0], chunk):
+            x = flat[s:s + chunk].to(ct) / temperature
+            lse[s:s + chunk] = torch.logsumexp(x, -1)
+            picked[s:s + chunk] = x.gather(-1, tok[s:s + chunk, None]).squeeze(-1)
+            if with_entropy:   # H = lse − Σ p·x
+                entropy[s:s + chunk] = lse[s:s + chunk] - (torch.softmax(x, -1) * x).sum(-1)
+        ctx.save_for_backward(logits, tokens, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        entropy = entropy.view(tokens.shape) if with_entropy else entropy
+        ctx.mark_non_differentiable(entropy)
+        return (picked - lse).view(tokens.shape), entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        logits, tokens, lse = ctx.saved_tensors
+        V, tau = logits.shape[-1], ctx.temperature
+        flat, tok, g = logits.reshape(-1, V), tokens.reshape(-1), grad_logp.reshape(-1).to(lse.dtype)
+        grad = torch.empty_like(flat)
+        for s in range(0, flat.shape[0], ctx.chunk):
+            p = torch.exp(flat[s:s + ctx.chunk].to(lse.dtype) / tau - lse[s:s + ctx.chunk, None])
+            gs = g[s:s + ctx.chunk, None]
+            d = (-p * gs).scatter_add_(-1, tok[s:s + ctx.chunk, None], gs)
+            grad[s:s + ctx.chunk] = d / tau
+        return grad.view(logits.shape), None, None, None, None
+
+
+def selected_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                      with_entropy: bool = False, chunk_elements: int = 2 ** 26) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) fp32 (fp64 for fp64 logits) log-probs of ``tokens`` under softmax(logits / temperature) and, if asked, the
+    (N, T) entropies (no gradient), from (N, T, V) logits of any dtype; differentiable in the
+    log-probs. Works in chunks of about ``chunk_elements`` logits."""
+    chunk = max(1, chunk_elements // logits.shape[-1])
+    return _SelectedLogprobs.apply(logits, tokens, temperature, with_entropy, chunk)
 
 
 def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask):

@@ -59,3 +59,43 @@ def test_trim_drops_all_padding_columns():
     cm = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])
     p, pm2, c, cm2, end = trim(pm * 7, pm, cm * 3, cm)
     assert pm2.tolist() == [[0, 1], [1, 1]] and cm2.tolist() == [[1, 1], [1, 0]] and end == 2
+
+
+def _reference(logits, tokens, temperature):
+    logp_all = torch.log_softmax(logits.float() / temperature, -1)
+    return logp_all.gather(-1, tokens[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+
+
+@pytest.mark.parametrize("dtype,temperature,chunk", [(torch.float64, 1.0, 7), (torch.float32, 0.7, 5),
+                                                     (torch.bfloat16, 1.3, 2 ** 20)])
+def test_selected_logprobs_match_full_log_softmax_values_and_gradients(dtype, temperature, chunk):
+    """The chunked log-prob (custom backward) equals log_softmax + gather, in value and in gradient,
+    whatever the chunking; the entropy equals −Σ p log p."""
+    from rlexp.trainer.policy import selected_logprobs
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 11, dtype=torch.float64) * 3).to(dtype)
+    tokens = torch.randint(0, 11, (3, 5))
+    weights = torch.randn(3, 5, dtype=torch.float64)
+    a = logits.clone().requires_grad_(True)
+    lp, ent = selected_logprobs(a, tokens, temperature, with_entropy=True, chunk_elements=chunk)
+    (lp.double() * weights).sum().backward()
+    b = logits.clone().requires_grad_(True)
+    ref_lp, ref_ent = _reference(b, tokens, temperature)
+    (ref_lp.double() * weights).sum().backward()
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert lp.dtype == torch.promote_types(dtype, torch.float32) and not ent.requires_grad
+    assert torch.allclose(lp.double(), ref_lp.double(), atol=tol) and torch.allclose(ent.double(), ref_ent.double(), atol=tol)
+    assert torch.allclose(a.grad.double(), b.grad.double(), atol=1e-2 if dtype == torch.bfloat16 else tol)
+
+
+def test_selected_logprobs_hand_computed():
+    """Two tokens, logits (0, ln 3) at τ = 1: p = (1/4, 3/4); log p(token 1) = ln 3/4,
+    entropy = −(¼ ln ¼ + ¾ ln ¾); ∂ log p(1)/∂logits = onehot(1) − p = (−¼, ¼)."""
+    import math
+    from rlexp.trainer.policy import selected_logprobs
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64, requires_grad=True)
+    lp, ent = selected_logprobs(logits, torch.tensor([[1]]), 1.0, with_entropy=True)
+    lp.sum().backward()
+    assert lp.item() == pytest.approx(math.log(0.75))
+    assert ent.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+    assert logits.grad.flatten().tolist() == pytest.approx([-0.25, 0.25])
