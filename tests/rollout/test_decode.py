@@ -3,7 +3,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlexp.models.loading import load_model
-from rlexp.rollout.decode import Sampling, pick_tokens
+from rlexp.rollout.decode import Sampling, pick_tokens, sample_categorical
 from rlexp.rollout.hf import HFRollout
 from rlexp.train import CONF_DIR
 from rlexp.trainer.policy import token_logprobs
@@ -71,13 +71,20 @@ def test_pick_tokens_filters_and_logprobs():
     assert share3 == pytest.approx(4 / 7, abs=0.03)
 
 
-def test_exponential_race_samples_the_softmax():
-    """argmax(p / E) with E ~ Exp(1) draws token i with probability p_i (20,000 draws, 3σ ≈ 0.01)."""
+@pytest.mark.parametrize("method", ["race", "inverse_cdf"])
+def test_categorical_samplers_draw_the_softmax(method):
+    """Both samplers draw token i with probability p_i (20,000 draws, 3σ ≈ 0.01) and never draw a
+    zero-probability token."""
+    torch.manual_seed(0)
+    p = torch.tensor([0.2, 0.0, 0.3, 0.5, 0.0])
+    tok = sample_categorical(p.repeat(20000, 1), method)
+    freq = torch.bincount(tok, minlength=5).float() / tok.numel()
+    assert torch.allclose(freq, p, atol=0.015) and freq[1] == 0 and freq[4] == 0
+
+
+def test_temperature_scales_the_sampling_distribution():
     torch.manual_seed(0)
     p = torch.tensor([0.2, 0.3, 0.5])
-    tok, _ = pick_tokens(p.log().repeat(20000, 1), Sampling())
-    freq = torch.bincount(tok, minlength=3).float() / tok.numel()
-    assert torch.allclose(freq, p, atol=0.015)
     tok, _ = pick_tokens((p.log() * 2).repeat(20000, 1), Sampling(temperature=2.0))  # τ undoes the ×2
     assert torch.allclose(torch.bincount(tok, minlength=3).float() / tok.numel(), p, atol=0.015)
 
