@@ -36,6 +36,32 @@ def _rows(batch: RolloutBatch, idx: torch.Tensor):
     return trim(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx], batch.completion_mask[idx])
 
 
+class MicroBatch:
+    """One micro-batch's rows, its padding-free column window and which rows share a prompt, worked
+    out on the host from one copy of the batch's prompt ids and masks, so neither slicing nor the
+    shared prompt forward needs a device round trip per micro-batch."""
+
+    def __init__(self, idx: torch.Tensor, device, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu):
+        self.idx, self.dev_idx = idx, idx.to(device)
+        keep_p = prompt_mask_cpu[idx].any(0).nonzero()
+        self.start = int(keep_p[0]) if keep_p.numel() else prompt_mask_cpu.shape[1]
+        keep_c = completion_mask_cpu[idx].any(0).nonzero()
+        self.end = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+        _, self.prompt_index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
+
+    def rows(self, batch: RolloutBatch):
+        i, s, e = self.dev_idx, self.start, self.end
+        return (batch.prompt_ids[i, s:], batch.prompt_mask[i, s:], batch.completion_ids[i, :e],
+                batch.completion_mask[i, :e], e)
+
+
+def plan_micro_batches(batch: RolloutBatch, micro_batch: int) -> list[MicroBatch]:
+    """``micro_batches`` of the batch, with each one's trimmed window (see ``trim``)."""
+    p, pm, cm = batch.prompt_ids.cpu(), batch.prompt_mask.cpu(), batch.completion_mask.cpu()
+    return [MicroBatch(idx, batch.prompt_ids.device, p, pm, cm)
+            for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids.cpu())]
+
+
 def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
     acc[key] = value if key not in acc else fold(acc[key], value)
 
@@ -52,11 +78,11 @@ def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: fl
                    autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
-    for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
-        p, pm, c, cm, end = _rows(batch, idx)
+    for mb in plan_micro_batches(batch, micro_batch):
+        p, pm, c, cm, end = mb.rows(batch)
         lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype,
-                               share_prompts=share_prompts)
-        out[idx.to(out.device), :end] = lp * cm
+                               share_prompts=share_prompts, prompt_index=mb.prompt_index)
+        out[mb.dev_idx, :end] = lp * cm
     return out
 
 
@@ -71,15 +97,16 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
     token_count = float(mask.sum().clamp(min=1))
+    plan = plan_micro_batches(batch, micro_batch)
     for _ in range(mu):
         optimizer.zero_grad(set_to_none=True)
         pass_sums: dict[str, torch.Tensor] = {}
-        for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids):
-            dev_idx = idx.to(mask.device)
-            p, pm, c, cm, end = _rows(batch, dev_idx)
+        for mb in plan:
+            dev_idx = mb.dev_idx
+            p, pm, c, cm, end = mb.rows(batch)
             logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
                                            autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef),
-                                           share_prompts=share_prompts)
+                                           share_prompts=share_prompts, prompt_index=mb.prompt_index)
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π

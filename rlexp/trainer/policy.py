@@ -30,18 +30,22 @@ def padded_causal_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
                    with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
-                   entropy_grad: bool = False, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, share_prompts: bool = True,
+                   prompt_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
 
     ``share_prompts``: rows with the same prompt (the G completions of a group) run the prompt
     through the model once and reuse its KV cache (gradients flow back through it), which removes
-    (G−1)/G of the prompt compute; the result equals the unshared forward."""
+    (G−1)/G of the prompt compute; the result equals the unshared forward. ``prompt_index`` (N,), on
+    the host: rows with equal values have identical prompts (e.g. their group ids) — given, the
+    distinct prompts are found without a device round trip; otherwise with ``torch.unique``."""
     T = completion_ids.shape[1]
     with torch.autocast(prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         logits = None
         if share_prompts:
-            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                           prompt_index)
         if logits is None:
             input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
             logits = model(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
@@ -105,15 +109,20 @@ def selected_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
     return _SelectedLogprobs.apply(logits, tokens, temperature, with_entropy, chunk)
 
 
-def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None):
     """Logits (N, T, V) predicting each completion token, running each distinct prompt once.
     Returns None when no prompt repeats (nothing to share)."""
-    uniq, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
-    if uniq.shape[0] == prompt_ids.shape[0]:
+    if prompt_index is None:
+        _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    else:
+        _, inverse = torch.unique(prompt_index.cpu(), return_inverse=True)
+    n_unique = int(inverse.max()) + 1 if inverse.numel() else 0
+    if n_unique == prompt_ids.shape[0]:
         return None
-    first = torch.zeros(uniq.shape[0], dtype=torch.long, device=prompt_ids.device)
-    first.scatter_(0, inverse, torch.arange(len(inverse), device=prompt_ids.device))
-    umask = prompt_mask[first]
+    first = torch.zeros(n_unique, dtype=torch.long, device=inverse.device)
+    first.scatter_(0, inverse, torch.arange(len(inverse), device=inverse.device))
+    first, inverse = first.to(prompt_ids.device), inverse.to(prompt_ids.device)
+    uniq, umask = prompt_ids[first], prompt_mask[first]
     upos = (umask.cumsum(-1) - 1).clamp(min=0)
     head = model(input_ids=uniq, attention_mask=padded_causal_mask(umask), position_ids=upos, use_cache=True,
                  logits_to_keep=1)

@@ -99,3 +99,23 @@ def test_selected_logprobs_hand_computed():
     assert lp.item() == pytest.approx(math.log(0.75))
     assert ent.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
     assert logits.grad.flatten().tolist() == pytest.approx([-0.25, 0.25])
+
+
+def test_micro_batch_plan_matches_trim_and_prompt_index_matches_unique(rollout_batch):
+    """The host-side plan gives the same windows as ``trim``, and the shared forward gives the same
+    log-probs with the plan's ``prompt_index`` as with ``torch.unique`` on the device."""
+    from rlexp.algorithms.batch import RolloutBatch
+    from rlexp.trainer.optimize import _rows, plan_micro_batches
+    lm, out = rollout_batch
+    n = out.completion_ids.shape[0]
+    batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
+                         completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
+                         group_ids=torch.arange(n) // 4, prompts=[""] * n, completions=out.texts, records=[{}] * n)
+    for mb in plan_micro_batches(batch, 4):
+        for a, b in zip(mb.rows(batch), _rows(batch, mb.dev_idx)):
+            assert torch.equal(a, b) if torch.is_tensor(a) else a == b
+        p, pm, c, cm, _ = mb.rows(batch)
+        with torch.no_grad():
+            lp_index, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8, prompt_index=mb.prompt_index)
+            lp_unique, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8)
+        assert torch.allclose(lp_index * cm, lp_unique * cm, atol=1e-6)
