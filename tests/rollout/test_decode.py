@@ -1,29 +1,17 @@
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from rlexp.models.loading import load_model
 from rlexp.rollout.decode import Sampling, pick_tokens, sample_categorical
 from rlexp.rollout.hf import HFRollout
-from rlexp.train import CONF_DIR
 from rlexp.trainer.policy import token_logprobs
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
-
-
-def _prompts(tok, n=3):
-    return [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {7 * i + 3}?" * (i + 1)}],
-                                    tokenize=False, add_generation_prompt=True) for i in range(n)]
+from tests.rollout.conftest import chat_prompts
 
 
 @pytest.mark.parametrize("cache", [None, "static"])
 def test_greedy_loop_equals_generate(tiny, cache):
     """Same tokens and log-probs as transformers generate, for left-padded prompts of different
     lengths, with the shared prefill (dynamic cache) and with a static cache."""
-    prompts = _prompts(tiny.tokenizer)
+    prompts = chat_prompts(tiny.tokenizer)
     ref = HFRollout(max_new_tokens=12, engine="generate").generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
     out = HFRollout(max_new_tokens=12, engine="loop", cache_implementation=cache,
                     pad_to_multiple_of=64 if cache else None).generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
@@ -37,20 +25,20 @@ def test_greedy_loop_equals_generate(tiny, cache):
 def test_loop_sampling_logprobs_equal_training_forward(tiny, top_k, top_p):
     torch.manual_seed(0)
     out = HFRollout(max_new_tokens=10, temperature=0.7, top_k=top_k, top_p=top_p, engine="loop").generate(
-        tiny.model, tiny.tokenizer, _prompts(tiny.tokenizer), 4)
+        tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 4)
     assert out.completion_ids.shape[0] == 12 and out.prompt_ids.shape[0] == 12
     lp, _ = token_logprobs(tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 0.7)
     assert float(((lp - out.logprobs) * out.completion_mask).abs().max()) < 1e-4
     assert bool((out.logprobs * (1 - out.completion_mask)).eq(0).all())
 
 
-def test_loop_micro_batches_whole_prompts(tiny):
+def test_loop_micro_batches_wholechat_prompts(tiny):
     torch.manual_seed(0)
     out = HFRollout(max_new_tokens=6, micro_batch=4, engine="loop").generate(tiny.model, tiny.tokenizer,
-                                                                             _prompts(tiny.tokenizer), 2)
+                                                                             chat_prompts(tiny.tokenizer), 2)
     assert out.completion_ids.shape[0] == 6
     assert int(out.prompt_mask.sum()) == sum(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])
-                                             for p in _prompts(tiny.tokenizer) for _ in range(2))
+                                             for p in chat_prompts(tiny.tokenizer) for _ in range(2))
 
 
 def test_pick_tokens_filters_and_logprobs():
@@ -98,7 +86,7 @@ def test_rows_after_eos_are_padding_and_loop_stops_early(tiny):
     bias[eos] = 100.0
     handle = model.lm_head.register_forward_hook(lambda m, i, o: o + bias)
     try:
-        out = HFRollout(max_new_tokens=8, engine="loop").generate(model, tiny.tokenizer, _prompts(tiny.tokenizer), 2)
+        out = HFRollout(max_new_tokens=8, engine="loop").generate(model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2)
     finally:
         handle.remove()
     assert out.completion_ids.shape[1] == 1 and out.completion_mask.eq(1).all() and not out.truncated.any()
