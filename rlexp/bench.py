@@ -55,6 +55,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.schema import ConfigError, TrainerConfig
+from rlexp.tracking.provenance import cpu_model
 from rlexp.train import CONF_DIR, build, prepare_process
 
 log = logging.getLogger("rlexp.bench")
@@ -335,13 +336,7 @@ def git_info() -> dict:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    return cpu_model()
 
 
 def device_slug(device: torch.device) -> str:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rlexp.algorithms.masks import loss_mask
-from rlexp.trainer.optimize import _rows, micro_batches
+from rlexp.trainer.optimize import plan_micro_batches
 from rlexp.trainer.policy import padded_causal_mask, sequence_inputs
 
 
@@ -71,10 +71,9 @@ class Critic:
     @torch.no_grad()
     def values(self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
         out = torch.zeros(batch.completion_mask.shape, dtype=torch.float32, device=batch.completion_mask.device)
-        for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
-            dev_idx = idx.to(out.device)
-            p, pm, c, cm, end = _rows(batch, dev_idx)
-            out[dev_idx, :end] = self.model(p, pm, c, cm, autocast_dtype) * cm
+        for mb in plan_micro_batches(batch, micro_batch):
+            p, pm, c, cm, end = mb.rows(batch)
+            out[mb.dev_idx, :end] = self.model(p, pm, c, cm, autocast_dtype) * cm
         return out
 
     def stage(self, batch, ctx):
@@ -110,9 +109,9 @@ class Critic:
         sums: dict[str, float] = defaultdict(float)
         for _ in range(mu):
             self.optimizer.zero_grad(set_to_none=True)
-            for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu()):
-                dev_idx = idx.to(mask.device)
-                p, pm, c, cm, end = _rows(batch, dev_idx)
+            for mb in plan_micro_batches(batch, micro_batch):
+                dev_idx = mb.dev_idx
+                p, pm, c, cm, end = mb.rows(batch)
                 v = self.model(p, pm, c, cm, autocast_dtype)
                 lm = mask[dev_idx, :end]
                 loss, clipped = self.value_loss(v, old_values[dev_idx, :end], returns[dev_idx, :end], lm, total)

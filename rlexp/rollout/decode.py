@@ -22,9 +22,11 @@ On CUDA, sampling uses the exponential-race form of categorical sampling (argmax
 E ~ Exp(1)), which draws from the same distribution as ``torch.multinomial`` without its host
 synchronisation (the random stream differs from ``generate``'s); the CPU uses inverse-CDF sampling
 (``searchsorted`` of a uniform draw in the cumulative probabilities): the CPU's ``exponential_``, also
-inside ``torch.multinomial``, took 14 ms per 16 × 49152 draw, 15 % of a CPU rollout. Greedy decoding gives ``generate``'s tokens (token for
-token in fp32 on the CPU; in bf16 on a GPU the static cache's kernels round differently from the
-dynamic cache's, so long greedy continuations can part ways after a near-tie).
+inside ``torch.multinomial``, took 14 ms per 16 × 49152 draw, 15 % of a CPU rollout.
+
+Greedy decoding gives ``generate``'s tokens (token for token in fp32 on the CPU; in bf16 on a GPU the
+static cache's kernels round differently from the dynamic cache's, so long greedy continuations can
+part ways after a near-tie).
 """
 from __future__ import annotations
 

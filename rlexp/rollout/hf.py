@@ -73,13 +73,12 @@ class HFRollout:
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None,
-                 inference_dtype: str | None = None, engine: str = "generate", stop_check_every: int = 8):
+                 inference_dtype: str | None = None, engine: str = "loop", stop_check_every: int = 8):
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
             raise ValueError(f"rollout.cache_implementation={cache_implementation!r}: engine=loop supports "
                              "null/dynamic or static")
-        self.engine = engine
         self._loop = DecodeLoop(static=cache_implementation == "static",
                                 compile=cache_implementation == "static" and torch.cuda.is_available(),
                                 stop_check_every=stop_check_every) if engine == "loop" else None

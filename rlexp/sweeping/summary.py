@@ -74,33 +74,29 @@ def plots(study: optuna.Study, out: Path, names: list[str]) -> list[str]:
         plt.close(fig)
         written.append(fname)
 
+    def attempt(what: str, make, fname: str) -> None:
+        try:
+            save(make(), fname)
+        except Exception as e:   # optuna refuses plots it has no data for
+            log.info("no %s plot: %s", what, e)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
         for i, name in enumerate(names):
-            fname = f"optimization_history_{_safe(name)}.png" if multi else "optimization_history.png"
             target = (lambda t, i=i: t.values[i]) if multi else None
-            try:
-                save(ovm.plot_optimization_history(study, target=target, target_name=name), fname)
-            except Exception as e:
-                log.info("no optimisation-history plot for %s: %s", name, e)
+            attempt(f"optimisation-history ({name})",
+                    lambda: ovm.plot_optimization_history(study, target=target, target_name=name),
+                    f"optimization_history_{_safe(name)}.png" if multi else "optimization_history.png")
         if multi and len(names) in (2, 3) and complete:
-            try:
-                save(ovm.plot_pareto_front(study, target_names=names), "pareto_front.png")
-            except Exception as e:
-                log.info("no Pareto-front plot: %s", e)
+            attempt("Pareto-front", lambda: ovm.plot_pareto_front(study, target_names=names), "pareto_front.png")
         if any(t.intermediate_values for t in study.get_trials(deepcopy=False)) and not multi:
-            try:
-                save(ovm.plot_intermediate_values(study), "intermediate_values.png")
-            except Exception as e:
-                log.info("no intermediate-values plot: %s", e)
+            attempt("intermediate-values", lambda: ovm.plot_intermediate_values(study), "intermediate_values.png")
         if len(complete) >= 2:
             for i, name in enumerate(names):
-                fname = f"param_importances_{_safe(name)}.png" if multi else "param_importances.png"
                 target = (lambda t, i=i: t.values[i]) if multi else None
-                try:
-                    save(ovm.plot_param_importances(study, target=target, target_name=name), fname)
-                except Exception as e:
-                    log.info("no importance plot for %s: %s", name, e)
+                attempt(f"importance ({name})",
+                        lambda: ovm.plot_param_importances(study, target=target, target_name=name),
+                        f"param_importances_{_safe(name)}.png" if multi else "param_importances.png")
     return written
 
 

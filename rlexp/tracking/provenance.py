@@ -51,7 +51,8 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -64,7 +65,7 @@ def _cpu_model() -> str:
 def hardware() -> dict[str, str]:
     """CPU model and count, GPU names and count (``gpu`` lists distinct names, ``none`` without CUDA)."""
     import torch
-    info = {"cpu": _cpu_model(), "cpu_count": str(os.cpu_count()), "machine": platform.machine(),
+    info = {"cpu": cpu_model(), "cpu_count": str(os.cpu_count()), "machine": platform.machine(),
             "python": platform.python_version(), "platform": platform.platform()}
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

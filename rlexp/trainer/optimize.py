@@ -10,7 +10,7 @@ from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.batch import RolloutBatch
 from rlexp.algorithms.masks import loss_mask
-from rlexp.trainer.policy import token_logprobs, trim
+from rlexp.trainer.policy import token_logprobs, trim_window
 
 
 def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None,
@@ -32,10 +32,6 @@ def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None,
     return [order[i:i + size] for i in range(0, n, size)]
 
 
-def _rows(batch: RolloutBatch, idx: torch.Tensor):
-    return trim(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx], batch.completion_mask[idx])
-
-
 class MicroBatch:
     """One micro-batch's rows, its padding-free column window and which rows share a prompt, worked
     out on the host from one copy of the batch's prompt ids and masks, so neither slicing nor the
@@ -43,13 +39,11 @@ class MicroBatch:
 
     def __init__(self, idx: torch.Tensor, device, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu):
         self.idx, self.dev_idx = idx, idx.to(device)
-        keep_p = prompt_mask_cpu[idx].any(0).nonzero()
-        self.start = int(keep_p[0]) if keep_p.numel() else prompt_mask_cpu.shape[1]
-        keep_c = completion_mask_cpu[idx].any(0).nonzero()
-        self.end = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+        self.start, self.end = trim_window(prompt_mask_cpu[idx], completion_mask_cpu[idx])
         _, self.prompt_index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
 
     def rows(self, batch: RolloutBatch):
+        """prompt ids, prompt mask, completion ids, completion mask of the rows, trimmed; and ``end``."""
         i, s, e = self.dev_idx, self.start, self.end
         return (batch.prompt_ids[i, s:], batch.prompt_mask[i, s:], batch.completion_ids[i, :e],
                 batch.completion_mask[i, :e], e)

@@ -38,8 +38,8 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     ``share_prompts``: rows with the same prompt (the G completions of a group) run the prompt
     through the model once and reuse its KV cache (gradients flow back through it), which removes
     (G−1)/G of the prompt compute; the result equals the unshared forward. ``prompt_index`` (N,), on
-    the host: rows with equal values have identical prompts (e.g. their group ids) — given, the
-    distinct prompts are found without a device round trip; otherwise with ``torch.unique``."""
+    the host: rows with equal values have identical prompts — given, the distinct prompts are
+    found without a device round trip; otherwise with ``torch.unique`` on the device."""
     T = completion_ids.shape[1]
     with torch.autocast(prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         logits = None
@@ -139,10 +139,17 @@ def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     return torch.cat([first_logits, tail], 1)
 
 
-def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Drop columns that are padding in every row (left of prompts, right of completions)."""
+def trim_window(prompt_mask, completion_mask) -> tuple[int, int]:
+    """(start, end): prompt columns before ``start`` and completion columns from ``end`` on are
+    padding in every row (``end`` ≥ 1)."""
     keep_p = prompt_mask.any(0).nonzero()
     start = int(keep_p[0]) if keep_p.numel() else prompt_mask.shape[1]
     keep_c = completion_mask.any(0).nonzero()
     end = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+    return start, end
+
+
+def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Drop columns that are padding in every row (left of prompts, right of completions)."""
+    start, end = trim_window(prompt_mask, completion_mask)
     return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :end], completion_mask[:, :end], end

@@ -18,7 +18,7 @@ def test_recorded_sampling_logprobs_equal_training_forward(tiny, temperature):
     """The log-probs recorded during generation are the ones the trainer computes for the ratio
     (prompts of different lengths, so left padding and position ids are exercised)."""
     torch.manual_seed(0)
-    rollout = HFRollout(max_new_tokens=10, temperature=temperature)
+    rollout = HFRollout(max_new_tokens=10, temperature=temperature, engine="generate")
     out = rollout.generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), num_generations=2)
     assert out.completion_ids.shape[0] == 6 and len(out.texts) == 6
     lp, _ = token_logprobs(tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, temperature)
@@ -29,7 +29,7 @@ def test_recorded_sampling_logprobs_equal_training_forward(tiny, temperature):
 
 def test_micro_batched_generation_concatenates(tiny):
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=6, micro_batch=4).generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2)
+    out = HFRollout(max_new_tokens=6, micro_batch=4, engine="generate").generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2)
     assert out.completion_ids.shape[0] == 6 and out.prompt_ids.shape[0] == 6
     assert set(out.completion_mask.unique().tolist()) <= {0, 1}
     assert int(out.prompt_mask.sum()) == sum(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])

@@ -105,14 +105,16 @@ def test_micro_batch_plan_matches_trim_and_prompt_index_matches_unique(rollout_b
     """The host-side plan gives the same windows as ``trim``, and the shared forward gives the same
     log-probs with the plan's ``prompt_index`` as with ``torch.unique`` on the device."""
     from rlexp.algorithms.batch import RolloutBatch
-    from rlexp.trainer.optimize import _rows, plan_micro_batches
+    from rlexp.trainer.optimize import plan_micro_batches
     lm, out = rollout_batch
     n = out.completion_ids.shape[0]
     batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
                          completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
                          group_ids=torch.arange(n) // 4, prompts=[""] * n, completions=out.texts, records=[{}] * n)
     for mb in plan_micro_batches(batch, 4):
-        for a, b in zip(mb.rows(batch), _rows(batch, mb.dev_idx)):
+        i = mb.dev_idx
+        for a, b in zip(mb.rows(batch), trim(batch.prompt_ids[i], batch.prompt_mask[i], batch.completion_ids[i],
+                                                batch.completion_mask[i])):
             assert torch.equal(a, b) if torch.is_tensor(a) else a == b
         p, pm, c, cm, _ = mb.rows(batch)
         with torch.no_grad():
