@@ -166,13 +166,21 @@ class Meter:
 
 
 class DtypeProbe:
-    """Forward hook on the model's first Linear layer: the dtypes its outputs had with gradients off
-    (generation) and on (training)."""
+    """Forward hook on the first Linear layer of each watched model: the dtypes its outputs had with
+    gradients off (generation) and on (training). Ours also watches the rollout's half-precision copy
+    of the policy (``rollout.inference_dtype``) once it exists."""
 
     def __init__(self, model):
         self.seen = {"generate": set(), "train": set()}
+        self._watched: set[int] = set()
+        self.watch(model)
+
+    def watch(self, model) -> None:
+        if model is None or id(model) in self._watched:
+            return
+        self._watched.add(id(model))
         layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
-        self.handle = layer.register_forward_hook(self._hook)
+        layer.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.seen["train" if torch.is_grad_enabled() else "generate"].add(str(output.dtype).replace("torch.", ""))
@@ -204,6 +212,8 @@ def check_comparable(cfg: DictConfig, t: DictConfig) -> None:
         (str(a.loss._target_).endswith(".ppo_clip") and a.loss.get("dual_clip") is None, "algorithm.loss",
          a.loss._target_, "must be ppo_clip without dual clip"),
         (t.num_iterations == 1, "trainer.num_iterations", t.num_iterations, "must be 1 (one optimiser step per rollout)"),
+        (cfg.optimizer._target_ == "torch.optim.AdamW", "optimizer._target_", cfg.optimizer._target_,
+         "must be torch.optim.AdamW (TRL's optim=adamw_torch[_fused])"),
         (t.warmup_steps == 0, "trainer.warmup_steps", t.warmup_steps, "must be 0 (constant LR on both sides)"),
         (len(cfg.reward.terms) == 1, "reward.terms", list(cfg.reward.terms), "must be one term (reward=accuracy)"),
         (cfg.rollout.get("micro_batch", 0) == 0, "rollout.micro_batch", cfg.rollout.get("micro_batch"),
@@ -263,11 +273,14 @@ class OursSide:
             run_dir=run_dir, run_name="bench-ours", config={}, params={}, tags={}, accuracy_term=t.accuracy_term)
         self.records: list[dict] = []
         self.prompt_ids: list[list[list[int]]] = []  # per step: the prompt tokens of every completion
+        self.probe: DtypeProbe | None = None
 
     def step(self, k: int, meter: Meter) -> None:
         meter.start()
         batch, m = self.trainer.train_step(k)
         step_s, mem = meter.stop()
+        if self.probe is not None:
+            self.probe.watch(getattr(self.trainer.rollout, "shadow", None))
         self.prompt_ids.append([ids[mask.bool()].tolist() for ids, mask in zip(batch.prompt_ids, batch.prompt_mask)])
         self.records.append({
             "step": k, "generate_s": m["time/generate_s"], "score_s": m["time/reward_s"], "train_s": m["time/train_s"],
@@ -466,6 +479,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     from rlexp.trainer.loop import resolve_autocast
     autocast = resolve_autocast(t.autocast, next(ours_loaded.model.parameters()))
     probes = {"ours": DtypeProbe(ours_loaded.model)}
+    ours.probe = probes["ours"]
     meter = Meter(device, b.rss_interval_s)
     n_rows = t.prompts_per_step * t.num_generations
     micro = t.micro_batch_size or n_rows
@@ -474,7 +488,8 @@ def run(cfg: DictConfig, command: str = "") -> dict:
                "max_new_tokens": t.max_new_tokens, "micro_batch_size": micro, "lr": opt.lr,
                "temperature": cfg.rollout.temperature, "top_k": cfg.rollout.top_k, "top_p": cfg.rollout.top_p,
                "model": cfg.model.name, "model_dir": str(path), "dataset": cfg.dataset.get("name")}
-    precision = {"ours": f"fp32 weights, autocast {str(autocast).replace('torch.', '') if autocast else 'off'}"}
+    precision = {"ours": f"fp32 weights, autocast {str(autocast).replace('torch.', '') if autocast else 'off'}, "
+                         f"{opt._target_}(fused={opt.get('fused')})"}
 
     trl = None
     versions = {}
@@ -482,6 +497,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         from rlexp import bench_trl
         from rlexp.data.sampler import PromptSampler
         bf16 = (autocast == torch.bfloat16) if b.trl.bf16 is None else bool(b.trl.bf16)
+        optim = b.trl.optim or ("adamw_torch_fused" if opt.get("fused") else "adamw_torch")
         order = PromptSampler(data.train, t.prompts_per_step, t.seed)  # the order ours draws, step by step
         records = [r for _ in range(total) for r in order.next_batch()]
         term_name, term_cfg = next(iter(cfg.reward.terms.items()))
@@ -492,14 +508,14 @@ def run(cfg: DictConfig, command: str = "") -> dict:
             top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, lr=opt.lr, betas=list(opt.betas),
             weight_decay=opt.weight_decay, adam_eps=opt.eps, max_grad_norm=t.max_grad_norm,
             eps_low=cfg.algorithm.loss.eps_low, eps_high=cfg.algorithm.loss.eps_high, total_steps=total, seed=t.seed,
-            bf16=bf16, gradient_checkpointing=b.trl.gradient_checkpointing, optim=b.trl.optim,
+            bf16=bf16, gradient_checkpointing=b.trl.gradient_checkpointing, optim=optim,
             scale_rewards=cfg.algorithm.advantage.get("scale", "group"), reward_weight=term_cfg.get("weight", 1.0))
         trl = bench_trl.TRLSide(model=trl_loaded.model, tokenizer=trl_loaded.tokenizer, records=records,
                                 prompt_format=prompt_format, reward_term=ours.reward_terms[term_name], config=config,
                                 skip_nonfinite_steps=b.trl.get("skip_nonfinite_steps", True))
         probes["trl"] = DtypeProbe(trl_loaded.model)
         precision["trl"] = (f"fp32 weights, bf16={bf16} (accelerate autocast {'bf16' if bf16 else 'off'}), "
-                            f"gradient_checkpointing={b.trl.gradient_checkpointing}, optim={b.trl.optim}")
+                            f"gradient_checkpointing={b.trl.gradient_checkpointing}, optim={optim}")
         versions = bench_trl.versions()
 
     log.info("bench %s on %s: %d warm-up + %d measured steps each", b.setting, device_name(device), b.warmup_steps,

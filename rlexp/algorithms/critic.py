@@ -66,7 +66,7 @@ class Critic:
     def build(self, policy: nn.Module) -> None:
         self.model = ValueModel(policy).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, betas=self.betas,
-                                           weight_decay=self.weight_decay)
+                                           weight_decay=self.weight_decay, fused=True)
 
     @torch.no_grad()
     def values(self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -32,6 +32,7 @@ class TrainerConfig:
     accuracy_term: Optional[str] = "accuracy"
     share_prompt_forward: bool = True  # the G completions of a prompt share one prompt forward (KV reuse)
     autocast: str = "auto"             # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
+    cpu_matmul_attention: bool = True  # CPU training forward/backward: matmul attention, not SDPA (slow CPU backward)
 
 
 @dataclass

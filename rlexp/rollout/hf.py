@@ -61,6 +61,7 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
 
 
 ENGINES = ("generate", "loop")
+INFERENCE_DTYPES = ("auto", None, "bfloat16", "float16")
 
 
 class HFRollout:
@@ -73,7 +74,7 @@ class HFRollout:
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None,
-                 inference_dtype: str | None = None, engine: str = "loop", stop_check_every: int = 8):
+                 inference_dtype: str | None = "auto", engine: str = "loop", stop_check_every: int = 8):
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
@@ -89,20 +90,39 @@ class HFRollout:
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.micro_batch, self.cache_implementation = micro_batch, cache_implementation
         self.pad_to_multiple_of = pad_to_multiple_of
-        if inference_dtype not in (None, "bfloat16", "float16"):
-            raise ValueError(f"rollout.inference_dtype={inference_dtype!r} is not one of [null, bfloat16, float16]")
-        self.inference_dtype = getattr(torch, inference_dtype) if inference_dtype else None
+        if inference_dtype not in INFERENCE_DTYPES:
+            raise ValueError(f"rollout.inference_dtype={inference_dtype!r} is not one of {list(INFERENCE_DTYPES)}")
+        self.inference_dtype = inference_dtype
         self._shadow = None
 
+    @property
+    def shadow(self):
+        """The half-precision copy of the policy that generates, once made (else None)."""
+        return self._shadow
+
+    def _shadow_dtype(self, model) -> torch.dtype | None:
+        if self.inference_dtype != "auto":
+            return getattr(torch, self.inference_dtype) if self.inference_dtype else None
+        device = next(model.parameters()).device.type
+        if not torch.is_autocast_enabled(device):
+            return None
+        dtype = torch.get_autocast_dtype(device)
+        return dtype if next(model.parameters()).dtype != dtype else None
+
     def inference_model(self, model):
-        """The model that generates: the policy itself, or (``inference_dtype``) a half-precision
-        copy whose weights are refreshed from the policy before every rollout — half the memory
-        traffic per decoded token, and a static KV cache of one dtype."""
-        if self.inference_dtype is None:
+        """The model that generates: the policy itself, or a half-precision copy whose weights are
+        refreshed from the policy before every rollout — half the memory traffic per decoded
+        token, a KV cache of one dtype, and no per-step casts: under CPU autocast the fp32 KV cache
+        (RoPE promotes keys to fp32) is re-cast to bf16 for attention at every token (SmolLM2, 16
+        rows, 1 thread: 86 ms per decode step with autocast, 70 ms with a bf16 copy).
+        ``inference_dtype``: ``auto`` makes the copy in the autocast dtype when called under autocast
+        (as the trainer does) and uses the policy as is otherwise."""
+        dtype = self._shadow_dtype(model)
+        if dtype is None:
             return model
-        if self._shadow is None:
+        if self._shadow is None or next(self._shadow.parameters()).dtype != dtype:
             import copy
-            self._shadow = copy.deepcopy(model).to(self.inference_dtype).eval().requires_grad_(False)
+            self._shadow = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         with torch.no_grad():
             for dst, src in zip(self._shadow.parameters(), model.parameters()):
                 dst.copy_(src)

@@ -18,6 +18,7 @@ from rlexp.algorithms.reference import ReferenceModel
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sampler import PromptSampler
 from rlexp.data.sources import DatasetSplits
+from rlexp.models.attention import use_cpu_matmul_grad_attention
 from rlexp.rewards.scoring import score
 from rlexp.tracking.base import JSONLTracker, Tracker
 from rlexp.trainer import checkpoint as ckpt
@@ -101,6 +102,8 @@ class Trainer:
             consistency.bind(model, self.reference)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
+        if settings.cpu_matmul_attention and next(model.parameters()).device.type == "cpu":
+            use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
