@@ -10,7 +10,7 @@ from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.batch import RolloutBatch
 from rlexp.algorithms.masks import loss_mask
-from rlexp.trainer.policy import token_logprobs, trim_window
+from rlexp.trainer.policy import PromptGroups, token_logprobs, trim_window
 
 
 def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None,
@@ -40,7 +40,8 @@ class MicroBatch:
     def __init__(self, idx: torch.Tensor, device, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu):
         self.idx, self.dev_idx = idx, idx.to(device)
         self.start, self.end = trim_window(prompt_mask_cpu[idx], completion_mask_cpu[idx])
-        _, self.prompt_index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
+        _, index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
+        self.prompt_groups = PromptGroups.from_index(index, device)   # None: no prompt repeats
 
     def rows(self, batch: RolloutBatch):
         """prompt ids, prompt mask, completion ids, completion mask of the rows, trimmed; and ``end``."""
@@ -75,7 +76,8 @@ def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: fl
     for mb in plan_micro_batches(batch, micro_batch):
         p, pm, c, cm, end = mb.rows(batch)
         lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype,
-                               share_prompts=share_prompts, prompt_index=mb.prompt_index)
+                               share_prompts=share_prompts and mb.prompt_groups is not None,
+                               prompt_groups=mb.prompt_groups)
         out[mb.dev_idx, :end] = lp * cm
     return out
 
@@ -100,7 +102,8 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             p, pm, c, cm, end = mb.rows(batch)
             logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
                                            autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef),
-                                           share_prompts=share_prompts, prompt_index=mb.prompt_index)
+                                           share_prompts=share_prompts and mb.prompt_groups is not None,
+                                           prompt_groups=mb.prompt_groups)
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π

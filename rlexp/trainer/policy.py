@@ -6,6 +6,8 @@ attention mask, matching ``generate`` with left-padded prompts.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlexp.models.heads import last_position
@@ -33,21 +35,23 @@ def padded_causal_mask(mask: torch.Tensor) -> torch.Tensor:
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
                    with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
                    entropy_grad: bool = False, share_prompts: bool = True,
-                   prompt_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   prompt_groups: "PromptGroups | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
 
     ``share_prompts``: rows with the same prompt (the G completions of a group) run the prompt
     through the model once and reuse its KV cache (gradients flow back through it), which removes
-    (G−1)/G of the prompt compute; the result equals the unshared forward. ``prompt_index`` (N,), on
-    the host: rows with equal values have identical prompts — given, the distinct prompts are
-    found without a device round trip; otherwise with ``torch.unique`` on the device."""
+    (G−1)/G of the prompt compute; the result equals the unshared forward. ``prompt_groups``: which
+    rows share a prompt, worked out beforehand (``PromptGroups.from_index``), so the forward needs no
+    device round trip; otherwise found with ``torch.unique`` on the device."""
     T = completion_ids.shape[1]
     with torch.autocast(prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         pieces = None
         if share_prompts:
-            pieces = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                           prompt_index)
+            groups = prompt_groups or PromptGroups.from_index(
+                torch.unique(prompt_ids, dim=0, return_inverse=True)[1], prompt_ids.device)
+            if groups is not None:
+                pieces = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, groups)
         if pieces is None:
             input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
             pieces = [model(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
@@ -129,20 +133,30 @@ def selected_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
     return _SelectedLogprobs.apply(logits, tokens, temperature, with_entropy, chunk)
 
 
-def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index=None):
+@dataclass(frozen=True)
+class PromptGroups:
+    """Rows that share a prompt: ``first`` (U,), one row of each distinct prompt, and ``inverse``
+    (N,), each row's prompt — both on the model's device."""
+    first: torch.Tensor
+    inverse: torch.Tensor
+
+    @staticmethod
+    def from_index(index: torch.Tensor, device) -> "PromptGroups | None":
+        """From (N,) labels (equal label = same prompt), worked out on the host and moved to the device
+        in one go — a copy from pageable host memory waits for the device's queue, so it belongs
+        before the forward/backward loop, not inside it. None when no prompt repeats."""
+        _, inverse = torch.unique(index.cpu(), return_inverse=True)
+        n_unique = int(inverse.max()) + 1 if inverse.numel() else 0
+        if n_unique == len(inverse):
+            return None
+        first = torch.zeros(n_unique, dtype=torch.long).scatter_(0, inverse, torch.arange(len(inverse)))
+        return PromptGroups(first.to(device), inverse.to(device))
+
+
+def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, groups: PromptGroups):
     """Logits predicting each completion token, running each distinct prompt once: a list of pieces
-    along the token axis, (N, 1, V) for the first token and (N, T − 1, V) for the rest. Returns None
-    when no prompt repeats (nothing to share)."""
-    if prompt_index is None:
-        _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
-    else:
-        _, inverse = torch.unique(prompt_index.cpu(), return_inverse=True)
-    n_unique = int(inverse.max()) + 1 if inverse.numel() else 0
-    if n_unique == prompt_ids.shape[0]:
-        return None
-    first = torch.zeros(n_unique, dtype=torch.long, device=inverse.device)
-    first.scatter_(0, inverse, torch.arange(len(inverse), device=inverse.device))
-    first, inverse = first.to(prompt_ids.device), inverse.to(prompt_ids.device)
+    along the token axis, (N, 1, V) for the first token and (N, T − 1, V) for the rest."""
+    first, inverse = groups.first, groups.inverse
     uniq, umask = prompt_ids[first], prompt_mask[first]
     upos = (umask.cumsum(-1) - 1).clamp(min=0)
     head = model(input_ids=uniq, attention_mask=padded_causal_mask(umask), position_ids=upos, use_cache=True,

@@ -101,9 +101,10 @@ def test_selected_logprobs_hand_computed():
     assert logits.grad.flatten().tolist() == pytest.approx([-0.25, 0.25])
 
 
-def test_micro_batch_plan_matches_trim_and_prompt_index_matches_unique(rollout_batch):
+def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_batch):
     """The host-side plan gives the same windows as ``trim``, and the shared forward gives the same
-    log-probs with the plan's ``prompt_index`` as with ``torch.unique`` on the device."""
+    log-probs with the plan's ``prompt_groups`` as with ``torch.unique`` on the device; micro-batches of
+    one group share its prompt (U = 1), and one row alone has nothing to share."""
     from rlexp.algorithms.batch import RolloutBatch
     from rlexp.trainer.optimize import plan_micro_batches
     lm, out = rollout_batch
@@ -112,12 +113,24 @@ def test_micro_batch_plan_matches_trim_and_prompt_index_matches_unique(rollout_b
                          completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
                          group_ids=torch.arange(n) // 4, prompts=[""] * n, completions=out.texts, records=[{}] * n)
     for mb in plan_micro_batches(batch, 4):
+        assert mb.prompt_groups is not None and len(mb.prompt_groups.first) == 1
+        assert mb.prompt_groups.inverse.tolist() == [0, 0, 0, 0]
         i = mb.dev_idx
         for a, b in zip(mb.rows(batch), trim(batch.prompt_ids[i], batch.prompt_mask[i], batch.completion_ids[i],
                                                 batch.completion_mask[i])):
             assert torch.equal(a, b) if torch.is_tensor(a) else a == b
         p, pm, c, cm, _ = mb.rows(batch)
         with torch.no_grad():
-            lp_index, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8, prompt_index=mb.prompt_index)
+            lp_index, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8, prompt_groups=mb.prompt_groups)
             lp_unique, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8)
         assert torch.allclose(lp_index * cm, lp_unique * cm, atol=1e-6)
+    assert all(mb.prompt_groups is None for mb in plan_micro_batches(batch, 1))
+
+
+def test_prompt_groups_from_host_labels():
+    from rlexp.trainer.policy import PromptGroups
+    g = PromptGroups.from_index(torch.tensor([5, 5, 2, 7, 2]), torch.device("cpu"))
+    assert g.inverse.tolist() == [1, 1, 0, 2, 0]
+    labels = torch.tensor([5, 5, 2, 7, 2])
+    assert torch.equal(labels[g.first][g.inverse], labels)   # each row maps to a row with its prompt
+    assert PromptGroups.from_index(torch.tensor([3, 1, 2]), torch.device("cpu")) is None
