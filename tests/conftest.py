@@ -7,8 +7,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+import torch
 from omegaconf import OmegaConf, open_dict
 
+from rlexp.models.loading import load_model
 from rlexp.train import CONF_DIR
 
 TINY = ["model=tiny", "trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.num_generations=4",
@@ -37,3 +39,15 @@ def tiny_cfg(tmp_path):
     def make(*overrides: str, config_name: str = "config"):
         return compose_train([*TINY, *overrides], tmp_path / "run", config_name)
     return make
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random model with SmolLM2's tokenizer, loaded once per test module."""
+    return load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
+
+
+def chat_prompts(tok, n=3):
+    """Chat-templated prompts of different lengths (left padding and position ids are exercised)."""
+    return [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {7 * i + 3}?" * (i + 1)}],
+                                    tokenize=False, add_generation_prompt=True) for i in range(n)]

@@ -2,23 +2,17 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlexp.models.attention import NAME, sdpa_or_matmul, use_cpu_matmul_grad_attention
-from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.train import CONF_DIR
 from rlexp.trainer.policy import token_logprobs
+from tests.conftest import chat_prompts
 
 
 @pytest.fixture(scope="module")
-def tiny_batch():
-    lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
-    tok = lm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {5 * i}?" * (i + 1)}],
-                                       tokenize=False, add_generation_prompt=True) for i in range(3)]
+def tiny_batch(tiny):
     torch.manual_seed(0)
-    return lm, HFRollout(max_new_tokens=9).generate(lm.model, tok, prompts, 3)
+    return tiny, HFRollout(max_new_tokens=9).generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 3)
 
 
 def _logprobs_and_grads(model, out, share):

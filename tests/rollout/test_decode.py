@@ -4,7 +4,7 @@ import torch
 from rlexp.rollout.decode import Sampling, pick_tokens, sample_categorical
 from rlexp.rollout.hf import HFRollout
 from rlexp.trainer.policy import token_logprobs
-from tests.rollout.conftest import chat_prompts
+from tests.conftest import chat_prompts
 
 
 @pytest.mark.parametrize("cache", [None, "static"])

@@ -3,7 +3,7 @@ import torch
 
 from rlexp.rollout.hf import HFRollout, completion_mask_from_ids
 from rlexp.trainer.policy import token_logprobs
-from tests.rollout.conftest import chat_prompts
+from tests.conftest import chat_prompts
 
 
 def test_completion_mask_stops_after_first_eos():

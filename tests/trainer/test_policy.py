@@ -1,22 +1,16 @@
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.train import CONF_DIR
 from rlexp.trainer.optimize import micro_batches
 from rlexp.trainer.policy import token_logprobs, trim
+from tests.conftest import chat_prompts
 
 
 @pytest.fixture(scope="module")
-def rollout_batch():
-    lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
-    tok = lm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {3 * i}?" * (i + 1)}],
-                                       tokenize=False, add_generation_prompt=True) for i in range(3)]
+def rollout_batch(tiny):
     torch.manual_seed(0)
-    return lm, HFRollout(max_new_tokens=10).generate(lm.model, tok, prompts, 4)
+    return tiny, HFRollout(max_new_tokens=10).generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 4)
 
 
 def _forward(lm, out, share):
