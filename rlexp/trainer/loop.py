@@ -102,7 +102,10 @@ class Trainer:
             consistency.bind(model, self.reference)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
-        if settings.cpu_matmul_attention and next(model.parameters()).device.type == "cpu":
+        device_type = next(model.parameters()).device.type
+        self.share_prompts = (settings.share_prompt_forward if settings.share_prompt_forward is not None
+                              else device_type != "cuda")
+        if settings.cpu_matmul_attention and device_type == "cpu":
             use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
         self._next_group = 0
 
@@ -161,7 +164,7 @@ class Trainer:
         if self.algo.kl.coef > 0:
             batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size,
                                                 self.rollout.temperature, self.autocast_dtype,
-                                                self.s.share_prompt_forward)
+                                                self.share_prompts)
             if self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
                 kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
@@ -169,12 +172,12 @@ class Trainer:
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
             batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature,
-                                                self.autocast_dtype, self.s.share_prompt_forward)
+                                                self.autocast_dtype, self.share_prompts)
         batch.advantages = self.algo.advantage(batch)
         train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
                               micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
                               max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
-                              share_prompts=self.s.share_prompt_forward)
+                              share_prompts=self.share_prompts)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2
