@@ -182,9 +182,3 @@ def trim_window(prompt_mask, completion_mask) -> tuple[int, int]:
     keep_c = completion_mask.any(0).nonzero()
     end = int(keep_c[-1]) + 1 if keep_c.numel() else 1
     return start, end
-
-
-def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Drop columns that are padding in every row (left of prompts, right of completions)."""
-    start, end = trim_window(prompt_mask, completion_mask)
-    return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :end], completion_mask[:, :end], end

@@ -70,6 +70,19 @@ def test_categorical_samplers_draw_the_softmax(method):
     assert torch.allclose(freq, p, atol=0.015) and freq[1] == 0 and freq[4] == 0
 
 
+def test_two_level_inverse_cdf_across_blocks():
+    """Mass spread over several 256-token blocks (whole empty blocks between, a vocabulary that is not
+    a multiple of the block): each token is drawn with its probability, never a zero-probability one."""
+    torch.manual_seed(0)
+    V = 1000
+    p = torch.zeros(V)
+    p[[3, 255, 256, 700, 999]] = torch.tensor([0.1, 0.2, 0.3, 0.25, 0.15])
+    tok = sample_categorical(p.repeat(20000, 1), "inverse_cdf")
+    freq = torch.bincount(tok, minlength=V).float() / tok.numel()
+    assert torch.allclose(freq, p, atol=0.015)
+    assert set(tok.unique().tolist()) <= {3, 255, 256, 700, 999}
+
+
 def test_temperature_scales_the_sampling_distribution():
     torch.manual_seed(0)
     p = torch.tensor([0.2, 0.3, 0.5])

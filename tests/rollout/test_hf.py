@@ -41,3 +41,23 @@ def test_invalid_settings_name_the_key():
         HFRollout(max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         HFRollout(temperature=0)
+
+
+def test_auto_inference_dtype_copies_the_policy_only_under_autocast(tiny):
+    """``inference_dtype=auto``: under bf16 autocast (as the trainer generates) a bf16 copy holding
+    the policy's current weights; without autocast the policy itself."""
+    rollout = HFRollout(max_new_tokens=4)
+    assert rollout.inference_model(tiny.model) is tiny.model and rollout.shadow is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        shadow = rollout.inference_model(tiny.model)
+    assert shadow is rollout.shadow and shadow is not tiny.model
+    assert next(shadow.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        tiny.model.lm_head.weight.add_(1.0)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rollout.inference_model(tiny.model)       # refreshed from the policy before each rollout
+        assert torch.equal(shadow.lm_head.weight, tiny.model.lm_head.weight.to(torch.bfloat16))
+    finally:
+        with torch.no_grad():
+            tiny.model.lm_head.weight.sub_(1.0)

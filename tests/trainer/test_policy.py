@@ -3,7 +3,7 @@ import torch
 
 from rlexp.rollout.hf import HFRollout
 from rlexp.trainer.optimize import micro_batches
-from rlexp.trainer.policy import token_logprobs, trim
+from rlexp.trainer.policy import token_logprobs, trim_window
 from tests.conftest import chat_prompts
 
 
@@ -46,6 +46,12 @@ def test_micro_batches_keep_groups_together_longest_first():
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     assert [b.tolist() for b in micro_batches(8, 4, lengths, groups)] == [[4, 5, 1, 0], [3, 2, 7, 6]]
     assert [b.tolist() for b in micro_batches(8, 0, lengths)] == [[4, 1, 3, 2, 7, 0, 5, 6]]
+
+
+def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """The batch with the columns that are padding in every row dropped (the reference for the plan)."""
+    start, end = trim_window(prompt_mask, completion_mask)
+    return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :end], completion_mask[:, :end], end
 
 
 def test_trim_drops_all_padding_columns():
