@@ -1,6 +1,7 @@
 """GPU check of the decode loop (``rollout.engine=loop``) before the benchmark uses it: greedy tokens
 against transformers ``generate``, recorded sampling log-probs against the training forward, and new
-tokens/s at the bench's GPU shape (16 prompts x 8 x 256). Prints DECODE_OK or DECODE_BAD last."""
+tokens/s at the bench's GPU shape (16 prompts x 8 x 256). ``DECODE_GRAPH=capture`` checks rlexp's captured
+CUDA graph instead of torch.compile. Prints DECODE_OK or DECODE_BAD last."""
 import os
 import time
 
@@ -32,8 +33,10 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+graph = os.environ.get("DECODE_GRAPH", "compile")   # rollout.decode_graph: compile | capture
+print(f"decode_graph={graph}")
 loop = HFRollout(max_new_tokens=new_tokens, engine="loop", cache_implementation="static", pad_to_multiple_of=64,
-                 inference_dtype="bfloat16")
+                 inference_dtype="bfloat16", decode_graph=graph)
 ref = HFRollout(max_new_tokens=new_tokens, inference_dtype="bfloat16")
 with torch.autocast(dev.type, dtype=torch.bfloat16):
     # greedy: the compiled static-cache loop (at the bench shape, 16 x 8) against generate (dynamic cache)

@@ -18,6 +18,16 @@ with far less work around each model call.
   ``cache_length_multiple`` (128): prompts of nearby lengths share one compiled step (every
   decode step attends over the whole cache, so the multiple is kept small).
 
+* **Captured token steps (``graph="capture"``).** ``StaticDecodeState`` keeps everything a token
+  step touches in fixed buffers (last logits, tokens, log-probs, done flags, step counter, prompt length,
+  key mask) and advances them with device-side ops only — sampling, bookkeeping, the 4D attention mask
+  and the model call on the static cache — so ``k = stop_check_every`` consecutive steps are captured
+  once per (batch, cache length, sampling) as one ``torch.cuda.CUDAGraph`` and replayed: one launch
+  per k tokens instead of ~15 eager sampling kernels per token plus a compiled model call, and no
+  ``torch.compile`` warm-up (capture takes a few eager steps). The prompt length is a device scalar, so
+  prompts of any length that round to the same cache length share a graph. On the CPU the same steps
+  run eagerly (this is what the tests check against ``generate``).
+
 On CUDA, sampling uses the exponential-race form of categorical sampling (argmax of p / E,
 E ~ Exp(1)), which draws from the same distribution as ``torch.multinomial`` without its host
 synchronisation (the random stream differs from ``generate``'s); the CPU uses inverse-CDF sampling
@@ -143,13 +153,87 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def finished(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """Which of the (N,) tokens are one of the EOS ids — elementwise, no host synchronisation."""
+    return (tokens[:, None] == eos).any(-1)
+
+
+class StaticDecodeState:
+    """The decode loop's state in fixed buffers over a static KV cache of ``L`` positions, for ``B``
+    rows and up to ``T`` steps. ``advance()`` is one token step made only of device-side, in-place
+    ops (no host reads, no allocation that outlives it), so consecutive calls can be captured as one
+    CUDA graph; ``load()`` starts a rollout after the prefill."""
+
+    def __init__(self, model, cache, B: int, L: int, T: int, logits_like: torch.Tensor, eos_ids: list[int],
+                 pad_id: int, sampling: Sampling):
+        device = logits_like.device
+        self.model, self.cache, self.sampling, self.pad_id = model, cache, sampling, pad_id
+        self.eos = torch.tensor(eos_ids, device=device)
+        self.logits = torch.zeros(B, logits_like.shape[-1], dtype=logits_like.dtype, device=device)
+        self.tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(B, T, dtype=torch.float, device=device)
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=device)      # real prompt tokens per row
+        self.key_valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # prompt padding hidden
+        self.prompt_len = torch.zeros((), dtype=torch.long, device=device)   # P: first generated position
+        self.t = torch.zeros((), dtype=torch.long, device=device)            # tokens sampled so far
+        self.used = torch.zeros((), dtype=torch.long, device=device)         # columns up to the last row's EOS
+        self.key_index = torch.arange(L, device=device)
+
+    def load(self, prompt_mask: torch.Tensor, logits: torch.Tensor) -> None:
+        """Start a rollout: (B, P) prompt mask of the rows and the prefill's (B, V) last logits."""
+        P = prompt_mask.shape[1]
+        self.logits.copy_(logits)
+        self.tokens.fill_(self.pad_id)
+        self.logprobs.zero_()
+        self.done.zero_()
+        self.t.zero_()
+        self.used.zero_()
+        self.prompt_len.fill_(P)
+        self.lengths.copy_(prompt_mask.sum(-1))
+        self.key_valid.fill_(True)
+        self.key_valid[:, :P] = prompt_mask.bool()
+
+    def advance(self) -> None:
+        """Sample token t from the last logits, record it, and run it through the model."""
+        tok, lp = pick_tokens(self.logits, self.sampling)
+        self.used.copy_(torch.where(self.done.all(), self.used, self.t + 1))
+        tok = tok.masked_fill(self.done, self.pad_id)
+        column = self.t.view(1)
+        self.tokens.index_copy_(1, column, tok[:, None])
+        self.logprobs.index_copy_(1, column, lp.masked_fill(self.done, 0.0)[:, None])
+        self.done |= finished(tok, self.eos)
+        position = self.prompt_len + self.t                                   # its cache position
+        mask = (self.key_valid & (self.key_index <= position))[:, None, None, :]
+        out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=(self.lengths + self.t)[:, None],
+                         past_key_values=self.cache, use_cache=True)
+        self.logits.copy_(out.logits[:, -1])
+        self.t += 1
+
+
+GRAPHS = ("compile", "capture", None)
+
+
 class DecodeLoop:
-    def __init__(self, static: bool = False, compile: bool = False, stop_check_every: int = 8,
+    """``static``: a static KV cache (else the prefilled dynamic cache, repeated G times into
+    preallocated buffers). ``graph`` (static only): ``compile`` — the model call is
+    ``torch.compile``d in ``reduce-overhead`` mode (CUDA graphs; CUDA only); ``capture`` — k whole
+    token steps, sampling included, are captured as one CUDA graph on CUDA (``StaticDecodeState``;
+    eager on the CPU); None — eager."""
+
+    def __init__(self, static: bool = False, graph: str | None = None, stop_check_every: int = 8,
                  cache_length_multiple: int = 128):
-        self.static, self.compile, self.stop_check_every = static, compile, max(1, stop_check_every)
+        if graph not in GRAPHS:
+            raise ValueError(f"decode graph {graph!r} is not one of {list(GRAPHS)}")
+        self.static, self.graph, self.stop_check_every = static, graph if static else None, max(1, stop_check_every)
         self.cache_length_multiple = max(1, cache_length_multiple)
         self._caches: dict = {}
         self._steps: dict = {}
+        self._states: dict = {}
+
+    @property
+    def compile(self) -> bool:
+        return self.graph == "compile" and torch.cuda.is_available()
 
     # ---- pieces ----------------------------------------------------------------------------------
     def _static_cache(self, model, batch: int, length: int):
@@ -170,6 +254,33 @@ class DecodeLoop:
             fn = self._steps[id(model)] = torch.compile(model.__call__, mode="reduce-overhead", fullgraph=True)
         return fn
 
+    def _captured(self, model, cache, B: int, L: int, T: int, V: int, eos_ids, pad_id, sampling, device):
+        """The (state, graph) for this shape and sampling; the graph (CUDA only, else None) replays
+        ``stop_check_every`` ``advance()`` calls. Made on first use: the capture runs on the empty
+        cache, before the rollout's prefill (which resets it)."""
+        key = (id(model), B, L, T, tuple(eos_ids), pad_id, sampling)
+        if key in self._states:
+            return self._states[key]
+        dtype = next(model.parameters()).dtype
+        state = StaticDecodeState(model, cache, B, L, T, torch.empty(0, V, dtype=dtype, device=device),
+                                  eos_ids, pad_id, sampling)
+        graph = None
+        if device.type == "cuda":
+            state.load(torch.ones(B, 1, dtype=torch.long, device=device), state.logits)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):   # warm-up outside the graph: cuBLAS handles, SDPA's kernel choice
+                for _ in range(2):
+                    state.advance()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(self.stop_check_every):
+                    state.advance()
+            torch.cuda.current_stream(device).synchronize()
+        self._states[key] = state, graph
+        return state, graph
+
     # ---- the loop --------------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
@@ -183,7 +294,9 @@ class DecodeLoop:
         G = num_generations
         U, P = prompt_ids.shape
         B = U * G
-        L = P + max_new_tokens
+        k = self.stop_check_every if self.graph == "capture" else 1
+        steps = -(-max_new_tokens // k) * k                             # the captured loop runs whole blocks of k
+        L = P + steps
         if self.static:
             L = -(-L // self.cache_length_multiple) * self.cache_length_multiple
         lengths = prompt_mask.sum(-1).repeat_interleave(G)            # real prompt tokens per row
@@ -192,6 +305,10 @@ class DecodeLoop:
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         last = last_position(P, device)
 
+        if self.graph == "capture":
+            with torch.autocast(device.type, enabled=False):   # the graph computes in the model's dtype
+                return self._run_captured(model, prompt_ids, G, max_new_tokens, eos_ids, pad_id, sampling,
+                                          mask, positions, last)
         if self.static:
             cache = self._static_cache(model, B, L)
             out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=mask[:, :P],
@@ -230,3 +347,31 @@ class DecodeLoop:
                        cache_position=cache_positions[t - 1:t], use_cache=True)
             logits = out.logits[:, -1]
         return tokens[:, :t], logprobs[:, :t]
+
+    def _run_captured(self, model, prompt_ids, G, max_new_tokens, eos_ids, pad_id, sampling, mask, positions, last):
+        device = prompt_ids.device
+        U, P = prompt_ids.shape
+        B, L = U * G, mask.shape[1]
+        k = self.stop_check_every
+        T = -(-max_new_tokens // k) * k
+        cache = self._static_cache(model, B, L)
+        V = model.get_output_embeddings().weight.shape[0]
+        state, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
+        cache.reset()
+        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=mask[:, :P],
+                    position_ids=positions.repeat_interleave(G, 0), past_key_values=cache, use_cache=True,
+                    logits_to_keep=last)
+        state.load(mask[:, :P], out.logits[:, -1])
+        del out
+        t = 0
+        while True:
+            if graph is not None:
+                graph.replay()
+            else:
+                for _ in range(k):
+                    state.advance()
+            t += k
+            if t >= max_new_tokens or bool(state.done.all()):
+                break
+        t = min(int(state.used), max_new_tokens)   # as the eager loop: up to the step the last row finished
+        return state.tokens[:, :t].clone(), state.logprobs[:, :t].clone()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlexp.rollout.decode import DecodeLoop, Sampling
+from rlexp.rollout.decode import GRAPHS, DecodeLoop, Sampling
 
 
 class SampledLogprobRecorder(LogitsProcessor):
@@ -69,19 +69,26 @@ class HFRollout:
     with the log-prob recorder) or ``loop`` (``rlexp.rollout.decode``: one prefill per prompt, sampling
     on the device, no per-token host synchronisation on CUDA). ``micro_batch`` bounds how many
     sequences are decoded together (memory); ``cache_implementation="static"`` gives a static KV cache
-    and a compiled decode step (CUDA graphs): far faster decoding on a GPU after a one-time compile
-    per shape — so ``pad_to_multiple_of`` buckets prompt lengths to bound the shapes."""
+    and, with ``decode_graph``, CUDA graphs: ``compile`` (the model call through ``torch.compile``
+    reduce-overhead, a one-time compile per shape) or ``capture`` (whole token steps, sampling
+    included, captured by rlexp; see ``rlexp.rollout.decode``) — so ``pad_to_multiple_of`` buckets
+    prompt lengths to bound the shapes."""
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None,
-                 inference_dtype: str | None = "auto", engine: str = "loop", stop_check_every: int = 8):
+                 inference_dtype: str | None = "auto", engine: str = "loop", stop_check_every: int = 8,
+                 decode_graph: str | None = "compile"):
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
             raise ValueError(f"rollout.cache_implementation={cache_implementation!r}: engine=loop supports "
                              "null/dynamic or static")
-        self._loop = DecodeLoop(static=cache_implementation == "static",
-                                compile=cache_implementation == "static" and torch.cuda.is_available(),
+        if decode_graph not in GRAPHS:
+            raise ValueError(f"rollout.decode_graph={decode_graph!r} is not one of {list(GRAPHS)}")
+        if decode_graph == "capture" and (engine != "loop" or cache_implementation != "static"):
+            raise ValueError("rollout.decode_graph=capture needs rollout.engine=loop and "
+                             f"rollout.cache_implementation=static (got {engine!r}, {cache_implementation!r})")
+        self._loop = DecodeLoop(static=cache_implementation == "static", graph=decode_graph,
                                 stop_check_every=stop_check_every) if engine == "loop" else None
         if max_new_tokens <= 0:
             raise ValueError(f"rollout.max_new_tokens must be > 0, got {max_new_tokens}")

@@ -7,13 +7,14 @@ from rlexp.trainer.policy import token_logprobs
 from tests.conftest import chat_prompts
 
 
-@pytest.mark.parametrize("cache", [None, "static"])
-def test_greedy_loop_equals_generate(tiny, cache):
+@pytest.mark.parametrize("cache,graph", [(None, None), ("static", "compile"), ("static", "capture")])
+def test_greedy_loop_equals_generate(tiny, cache, graph):
     """Same tokens and log-probs as transformers generate, for left-padded prompts of different
-    lengths, with the shared prefill (dynamic cache) and with a static cache."""
+    lengths, with the shared prefill (dynamic cache), with a static cache, and with the capturable
+    buffer-state steps (run eagerly on the CPU; 12 tokens = one block of 8 and a partial one)."""
     prompts = chat_prompts(tiny.tokenizer)
     ref = HFRollout(max_new_tokens=12, engine="generate").generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
-    out = HFRollout(max_new_tokens=12, engine="loop", cache_implementation=cache,
+    out = HFRollout(max_new_tokens=12, engine="loop", cache_implementation=cache, decode_graph=graph,
                     pad_to_multiple_of=64 if cache else None).generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
     assert torch.equal(out.completion_ids, ref.completion_ids)
     assert torch.equal(out.completion_mask, ref.completion_mask)
@@ -21,15 +22,69 @@ def test_greedy_loop_equals_generate(tiny, cache):
     assert out.texts == ref.texts
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (20, 0.9)])
-def test_loop_sampling_logprobs_equal_training_forward(tiny, top_k, top_p):
+@pytest.mark.parametrize("top_k,top_p,cache,graph", [(0, 1.0, None, None), (20, 0.9, None, None),
+                                                    (20, 0.9, "static", "capture")])
+def test_loop_sampling_logprobs_equal_training_forward(tiny, top_k, top_p, cache, graph):
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=10, temperature=0.7, top_k=top_k, top_p=top_p, engine="loop").generate(
+    out = HFRollout(max_new_tokens=10, temperature=0.7, top_k=top_k, top_p=top_p, engine="loop",
+                    cache_implementation=cache, decode_graph=graph).generate(
         tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 4)
     assert out.completion_ids.shape[0] == 12 and out.prompt_ids.shape[0] == 12
     lp, _ = token_logprobs(tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 0.7)
     assert float(((lp - out.logprobs) * out.completion_mask).abs().max()) < 1e-4
     assert bool((out.logprobs * (1 - out.completion_mask)).eq(0).all())
+
+
+def test_captured_steps_stop_where_the_loop_stops(tiny):
+    """With EOS ids that greedy decoding reaches after a few tokens, the buffer-state steps return the
+    same tokens, log-probs and width as the eager loop (which stops at the step the last row
+    finished), even though they run whole blocks of k = 4 steps; and a second rollout reusing the
+    state gives the same again."""
+    from rlexp.rollout.decode import DecodeLoop
+    tok = tiny.tokenizer
+    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
+    greedy = Sampling(greedy=True)
+    first = DecodeLoop(static=True).run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, [-1],
+                                        tok.pad_token_id, greedy)[0]
+    eos = sorted({int(first[r, 2 + r % 4]) for r in range(first.shape[0])})   # every row ends by token 6
+    eager = DecodeLoop(static=True).run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, eos,
+                                        tok.pad_token_id, greedy)
+    assert eager[0].shape[1] < 16
+    loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
+    for _ in range(2):
+        captured = loop.run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, eos, tok.pad_token_id, greedy)
+        assert torch.equal(captured[0], eager[0])
+        assert torch.allclose(captured[1], eager[1], atol=1e-6)
+
+
+def test_capture_needs_the_static_loop():
+    with pytest.raises(ValueError, match="rollout.decode_graph=capture"):
+        HFRollout(engine="generate", cache_implementation="static", decode_graph="capture")
+    with pytest.raises(ValueError, match="rollout.decode_graph"):
+        HFRollout(decode_graph="cudagraph")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("greedy", [True, False])
+def test_captured_cuda_graph_equals_eager_steps(tiny, greedy):
+    """On CUDA: replaying the captured graph gives the eager steps' tokens (greedy) and log-probs that
+    match the training forward (sampling)."""
+    from rlexp.rollout.decode import DecodeLoop
+    model = tiny.model.to("cuda")
+    tok = tiny.tokenizer
+    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False,
+              pad_to_multiple_of=64).to("cuda")
+    s = Sampling(greedy=greedy)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    eager = DecodeLoop(static=True).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
+    captured = DecodeLoop(static=True, graph="capture").run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
+    if greedy:
+        assert torch.equal(captured[0], eager[0])
+    comp_mask = torch.ones_like(captured[0])
+    lp, _ = token_logprobs(model, ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0), captured[0], comp_mask)
+    assert float((lp - captured[1]).abs().max()) < 1e-3
+    model.to("cpu")
 
 
 def test_loop_micro_batches_wholechat_prompts(tiny):
