@@ -2,6 +2,7 @@
 micro-batches, with whole-batch loss normalisers (see ``aggregation``)."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -130,14 +131,14 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             if v is not None and abs(v) != float("inf"):
                 sums[k] = fold(sums[k], v) if k in sums else v
         params = [q for q in model.parameters() if q.grad is not None]
-        gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
-        if not torch.isfinite(gn):
+        gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+        if not math.isfinite(gn):   # the one host read of the pass, besides the metrics
             optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}): the update is not applied")
+            raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        sums["grad_norm"] += float(gn) / mu
+        sums["grad_norm"] += gn / mu
         for k, v in pass_sums.items():
             sums[k] += (v if k == "loss/total" else v / token_count) / mu
     sums["lr"] = optimizer.param_groups[0]["lr"]
