@@ -428,6 +428,14 @@ def markdown(r: dict) -> str:
                      f"{_fmt(x['train_s'])} | {_fmt(x['other_s'])} | {_fmt(x['step_s'])} | {_fmt(x['completion_tokens'], 0)} | "
                      f"{_fmt(x['max_length'], 0)} | {_fmt(x['tokens_per_s'], 1)} | {_fmt(x['peak_mem_mb'], 0)} | "
                      f"{_fmt(x['mem_delta_mb'], 0)} | {_fmt(x['load1'], 2)} |")
+    if r.get("profile"):
+        lines += ["", "## One profiled step of ours (after the measured ones)", "",
+                  f"`{Path(r['profile']['file']).name}`: ATen ops the host dispatched and, on CUDA, the kernels "
+                  "launched and their GPU time, per phase (`rlexp/bench_profile.py`).", "",
+                  "| phase | wall ms | ATen ops | kernels | kernel ms |", "|---|---|---|---|---|"]
+        gpu = r["device_slug"] != "cpu"
+        lines += [f"| {name} | {v['wall_ms']:.1f} | {v['aten_ops']} | {v['kernels'] if gpu else 'n/a'} | "
+                  f"{_fmt(v['kernel_ms'], 1) if gpu else 'n/a'} |" for name, v in r["profile"]["phases"].items()]
     lines += ["", "## Provenance", ""]
     lines += [f"- {k}: {_fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v)}" for k, v in p.items()]
     lines += ["", "## Checks", ""]
@@ -437,8 +445,9 @@ def markdown(r: dict) -> str:
 
 
 PHASE_NOTES = [
-    "ours generate: prompt rendering with the chat template + tokenisation, model.generate with the sampling "
-    "log-prob recorder, EOS masking, decoding (Trainer.rollout_and_score minus scoring)",
+    "ours generate: prompt rendering with the chat template + tokenisation, the rollout (rlexp's decode loop, or "
+    "model.generate with the sampling log-prob recorder: rollout.engine), EOS masking, decoding "
+    "(Trainer.rollout_and_score minus scoring)",
     "ours score: every reward term on every completion (rlexp.rewards.scoring.score)",
     "ours train: advantages + policy_update (forward + backward of each micro-batch, gradient clipping, "
     "optimizer.step)",
@@ -534,6 +543,14 @@ def run(cfg: DictConfig, command: str = "") -> dict:
     if len(ours.records) != total:
         raise RuntimeError(f"our trainer ran {len(ours.records)} steps, expected {total}")
 
+    profile = None
+    if b.get("profile"):   # one more step of ours, unmeasured, under the profiler (rlexp/bench_profile.py)
+        from rlexp.bench_profile import profile_step
+        Path(b.out_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(b.out_dir) / f"{b.setting}-{device_slug(device)}-profile.txt"
+        profile = {"file": str(path),
+                   "phases": profile_step(lambda: ours.trainer.train_step(total + 1), device, path)}
+
     rows = _finish(ours.records, "ours", b.warmup_steps)
     summary = {"ours": summarise(rows)}
     if trl is not None:
@@ -557,7 +574,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         if trl is not None else "ours only",
         "setting_detail": setting, "precision": precision,
         "summary": summary, "ratio": ratios(summary["ours"], summary["trl"]) if trl is not None else None,
-        "steps": rows, "checks": checks, "phase_notes": PHASE_NOTES,
+        "steps": rows, "checks": checks, "phase_notes": PHASE_NOTES, "profile": profile,
         "provenance": {
             **git_info(), "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
             "transformers": transformers.__version__, **versions, "python": platform.python_version(),

@@ -27,7 +27,8 @@ def tiny_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "results"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-c", RUN, "bench_setting=tiny", f"bench.out_dir={out}", f"hydra.run.dir={tmp / 'run'}"]
+    cmd = [sys.executable, "-c", RUN, "bench_setting=tiny", f"bench.out_dir={out}", f"hydra.run.dir={tmp / 'run'}",
+           "bench.profile=true"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, json.loads((out / "tiny-cpu.json").read_text())
@@ -35,9 +36,24 @@ def tiny_report(tmp_path_factory):
 
 def test_files_are_written_and_named_by_setting_and_device(tiny_report):
     out, report = tiny_report
-    assert sorted(p.name for p in out.iterdir()) == ["tiny-cpu.csv", "tiny-cpu.json", "tiny-cpu.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["tiny-cpu-profile.txt", "tiny-cpu.csv", "tiny-cpu.json",
+                                                     "tiny-cpu.md"]
     assert report["setting"] == "tiny" and report["device_slug"] == "cpu"
     assert report["command"].startswith("python3 -m rlexp.bench bench_setting=tiny")
+
+
+def test_profile_of_one_extra_step_by_phase(tiny_report):
+    """bench.profile=true: one more step of ours under the profiler, outside the measured rows (the
+    row tests below still see warm-up + measured steps only), split into the trainer's phases."""
+    out, r = tiny_report
+    phases = r["profile"]["phases"]
+    assert set(phases) == {"rlexp.generate", "rlexp.score", "rlexp.train"}
+    for name in ("rlexp.generate", "rlexp.train"):
+        assert phases[name]["wall_ms"] > 0 and phases[name]["aten_ops"] > 100
+        assert phases[name]["kernels"] == 0          # CPU: no device kernels
+    text = (out / "tiny-cpu-profile.txt").read_text()
+    assert "| rlexp.train |" in text and "aten::mm" in text
+    assert "| rlexp.generate |" in (out / "tiny-cpu.md").read_text()
 
 
 def test_rows_for_both_trainers_alternate(tiny_report):

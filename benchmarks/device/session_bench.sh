@@ -13,7 +13,7 @@ if [ -z "$ENGINE" ]; then
 fi
 echo "bench with rollout.engine=$ENGINE"
 timeout ${LIMIT:-300} python3 -m rlexp.bench bench_setting=${SETTING:-gpu} rollout=hf_static rollout.engine=$ENGINE \
-  rollout.decode_graph=${DECODE_GRAPH:-compile} \
+  rollout.decode_graph=${DECODE_GRAPH:-compile} bench.profile=${PROFILE:-true} \
   bench.steps=${STEPS:-5} model.gguf_path=$HOME/smol.gguf bench.out_dir=$OUT hydra.run.dir=/tmp/bench ${EXTRA_ARGS:-} \
   > $OUT/bench_${SETTING:-gpu}.log 2>&1; echo "bench rc=$?"
 tail -30 $OUT/bench_${SETTING:-gpu}.log

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.profiler import record_function
 
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.batch import RolloutBatch
@@ -114,7 +115,7 @@ class Trainer:
         G = self.s.num_generations
         prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
         with torch.autocast(self.model.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None):
+                            enabled=self.autocast_dtype is not None), record_function("rlexp.generate"):
             out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
         n = len(records)
         groups = torch.arange(self._next_group, self._next_group + n, device=out.completion_ids.device).repeat_interleave(G)
@@ -125,7 +126,8 @@ class Trainer:
             group_ids=groups, prompts=[p for p in prompts for _ in range(G)], completions=out.texts,
             records=[r for r in records for _ in range(G)])
         t = time.perf_counter()
-        score(batch, self.reward_terms)
+        with record_function("rlexp.score"):
+            score(batch, self.reward_terms)
         batch.stats["time/reward_s"] = batch.stats.get("time/reward_s", 0.0) + time.perf_counter() - t
         return batch
 
@@ -173,11 +175,12 @@ class Trainer:
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
             batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature,
                                                 self.autocast_dtype, self.share_prompts)
-        batch.advantages = self.algo.advantage(batch)
-        train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
-                              micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
-                              max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
-                              share_prompts=self.share_prompts)
+        with record_function("rlexp.train"):   # phase markers for `rlexp bench bench.profile=true`
+            batch.advantages = self.algo.advantage(batch)
+            train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
+                                  micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
+                                  max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
+                                  share_prompts=self.share_prompts)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2
