@@ -104,10 +104,15 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         device_type = next(model.parameters()).device.type
+        compiled = settings.get("compile", False)
         self.share_prompts = (settings.share_prompt_forward if settings.share_prompt_forward is not None
-                              else device_type != "cuda")
+                              else device_type != "cuda" and not compiled)
         if settings.cpu_matmul_attention and device_type == "cpu":
             use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
+        # the training forwards (policy update, recomputed old log-probs) go through this; generation,
+        # evaluation and checkpoints use the model itself (the compiled wrapper shares its parameters)
+        self.train_model = torch.compile(model, backend=settings.get("compile_backend", "inductor"),
+                                         mode=settings.get("compile_mode")) if compiled else model
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
@@ -173,11 +178,11 @@ class Trainer:
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
-            batch.old_logprobs = batch_logprobs(self.model, batch, self.s.micro_batch_size, self.rollout.temperature,
+            batch.old_logprobs = batch_logprobs(self.train_model, batch, self.s.micro_batch_size, self.rollout.temperature,
                                                 self.autocast_dtype, self.share_prompts)
         with record_function("rlexp.train"):   # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.advantage(batch)
-            train = policy_update(self.model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
+            train = policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
                                   micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
                                   max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
                                   share_prompts=self.share_prompts)
