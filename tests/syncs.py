@@ -47,3 +47,37 @@ class HostSyncs(TorchDispatchMode):
             if caller is not None:
                 self.calls.append(f"{func} <- {caller}")
         return func(*args, **kwargs)
+
+
+class OpTrace(TorchDispatchMode):
+    """What a CUDA graph would freeze: the ATen calls in order with their non-tensor arguments (a
+    captured graph replays them with the values of capture time), and the storages each call reads
+    that the traced code did not make itself (a graph reads them at their capture-time addresses).
+    ``fresh`` lists tensors made from host data (``torch.tensor(...)``: a host-to-device copy on CUDA,
+    not allowed while capturing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple]] = []
+        self.read: set[int] = set()
+        self.fresh: list[str] = []
+        self._made: set[int] = set()
+
+    @staticmethod
+    def _storage(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        self.calls.append((str(func), tuple(repr(x) for x in leaves if not torch.is_tensor(x))))
+        for t in leaves:
+            if torch.is_tensor(t) and t.numel() and self._storage(t) not in self._made:
+                self.read.add(self._storage(t))
+        if func.overloadpacket is aten.lift_fresh:
+            self.fresh.append(str(func))
+        out = func(*args, **kwargs)
+        for t in torch.utils._pytree.tree_leaves(out):
+            if torch.is_tensor(t) and t.numel() and self._storage(t) not in self.read:
+                self._made.add(self._storage(t))
+        return out
