@@ -231,10 +231,6 @@ class DecodeLoop:
         self._steps: dict = {}
         self._states: dict = {}
 
-    @property
-    def compile(self) -> bool:
-        return self.graph == "compile" and torch.cuda.is_available()
-
     # ---- pieces ----------------------------------------------------------------------------------
     def _static_cache(self, model, batch: int, length: int):
         from transformers import StaticCache
@@ -246,8 +242,8 @@ class DecodeLoop:
             cache.reset()
         return cache
 
-    def _step_fn(self, model):
-        if not self.compile:
+    def _step_fn(self, model, compile: bool):
+        if not compile:
             return model
         fn = self._steps.get(id(model))
         if fn is None:
@@ -322,7 +318,8 @@ class DecodeLoop:
             preallocate(cache, G, L)
             logits = out.logits[:, -1].repeat_interleave(G, 0)
         del out
-        step = self._step_fn(model) if self.static else model
+        compile = self.graph == "compile" and device.type == "cuda"   # reduce-overhead = CUDA graphs
+        step = self._step_fn(model, compile) if self.static else model
 
         eos = torch.tensor(eos_ids, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -340,7 +337,7 @@ class DecodeLoop:
             t += 1
             if t == max_new_tokens or (t % check_every == 0 and bool(done.all())):
                 break
-            if self.compile:
+            if compile:
                 torch.compiler.cudagraph_mark_step_begin()
             out = step(input_ids=tok[:, None], attention_mask=mask if self.static else mask[:, :P + t],
                        position_ids=(lengths + (t - 1))[:, None], past_key_values=cache,
