@@ -18,15 +18,17 @@ with far less work around each model call.
   ``cache_length_multiple`` (128): prompts of nearby lengths share one compiled step (every
   decode step attends over the whole cache, so the multiple is kept small).
 
-* **Captured token steps (``graph="capture"``).** ``StaticDecodeState`` keeps everything a token
+* **Captured token steps (``graph="capture"`` / ``"capture_compiled"``).** ``StaticDecodeState`` keeps everything a token
   step touches in fixed buffers (last logits, tokens, log-probs, done flags, step counter, prompt length,
   key mask) and advances them with device-side ops only — sampling, bookkeeping, the 4D attention mask
   and the model call on the static cache — so ``k = stop_check_every`` consecutive steps are captured
   once per (batch, cache length, sampling) as one ``torch.cuda.CUDAGraph`` and replayed: one launch
   per k tokens instead of ~15 eager sampling kernels per token plus a compiled model call, and no
   ``torch.compile`` warm-up (capture takes a few eager steps). The prompt length is a device scalar, so
-  prompts of any length that round to the same cache length share a graph. On the CPU the same steps
-  run eagerly (this is what the tests check against ``generate``).
+  prompts of any length that round to the same cache length share a graph. ``capture_compiled``
+  first compiles the step with ``torch.compile`` (Inductor fuses each layer's elementwise ops), then
+  captures the compiled step. On the CPU the same steps run without a graph (this is what the tests
+  check against ``generate``).
 
 On CUDA, sampling uses the exponential-race form of categorical sampling (argmax of p / E,
 E ~ Exp(1)), which draws from the same distribution as ``torch.multinomial`` without its host
@@ -211,7 +213,8 @@ class StaticDecodeState:
         self.t += 1
 
 
-GRAPHS = ("compile", "capture", None)
+CAPTURED = ("capture", "capture_compiled")          # rlexp's own CUDA graph of whole token steps
+GRAPHS = ("compile", *CAPTURED, None)
 
 
 class DecodeLoop:
@@ -219,12 +222,14 @@ class DecodeLoop:
     preallocated buffers). ``graph`` (static only): ``compile`` — the model call is
     ``torch.compile``d in ``reduce-overhead`` mode (CUDA graphs; CUDA only); ``capture`` — k whole
     token steps, sampling included, are captured as one CUDA graph on CUDA (``StaticDecodeState``;
-    eager on the CPU); None — eager."""
+    eager on the CPU); ``capture_compiled`` — the same, with the token step compiled by
+    ``torch.compile`` (``compile_backend``, Inductor: fused kernels) before it is captured; None — eager."""
 
     def __init__(self, static: bool = False, graph: str | None = None, stop_check_every: int = 8,
-                 cache_length_multiple: int = 128):
+                 cache_length_multiple: int = 128, compile_backend: str = "inductor"):
         if graph not in GRAPHS:
             raise ValueError(f"decode graph {graph!r} is not one of {list(GRAPHS)}")
+        self.compile_backend = compile_backend
         self.static, self.graph, self.stop_check_every = static, graph if static else None, max(1, stop_check_every)
         self.cache_length_multiple = max(1, cache_length_multiple)
         self._caches: dict = {}
@@ -251,31 +256,35 @@ class DecodeLoop:
         return fn
 
     def _captured(self, model, cache, B: int, L: int, T: int, V: int, eos_ids, pad_id, sampling, device):
-        """The (state, graph) for this shape and sampling; the graph (CUDA only, else None) replays
-        ``stop_check_every`` ``advance()`` calls. Made on first use: the capture runs on the empty
-        cache, before the rollout's prefill (which resets it)."""
+        """The (state, step, graph) for this shape and sampling: ``step`` is ``state.advance`` (compiled
+        for ``capture_compiled``); the graph (CUDA only, else None) replays ``stop_check_every`` steps.
+        Made on first use: the capture runs on the empty cache, before the rollout's prefill (which
+        resets it)."""
         key = (id(model), B, L, T, tuple(eos_ids), pad_id, sampling)
         if key in self._states:
             return self._states[key]
         dtype = next(model.parameters()).dtype
         state = StaticDecodeState(model, cache, B, L, T, torch.empty(0, V, dtype=dtype, device=device),
                                   eos_ids, pad_id, sampling)
+        step = state.advance
+        if self.graph == "capture_compiled":
+            step = torch.compile(state.advance, backend=self.compile_backend, fullgraph=True, dynamic=False)
         graph = None
         if device.type == "cuda":
             state.load(torch.ones(B, 1, dtype=torch.long, device=device), state.logits)
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):   # warm-up outside the graph: cuBLAS handles, SDPA's kernel choice
+            with torch.cuda.stream(side):   # warm-up outside the graph: compilation, cuBLAS handles, SDPA's kernel choice
                 for _ in range(2):
-                    state.advance()
+                    step()
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(self.stop_check_every):
-                    state.advance()
+                    step()
             torch.cuda.current_stream(device).synchronize()
-        self._states[key] = state, graph
-        return state, graph
+        self._states[key] = state, step, graph
+        return state, step, graph
 
     # ---- the loop --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -290,7 +299,7 @@ class DecodeLoop:
         G = num_generations
         U, P = prompt_ids.shape
         B = U * G
-        k = self.stop_check_every if self.graph == "capture" else 1
+        k = self.stop_check_every if self.graph in CAPTURED else 1
         steps = -(-max_new_tokens // k) * k                             # the captured loop runs whole blocks of k
         L = P + steps
         if self.static:
@@ -301,7 +310,7 @@ class DecodeLoop:
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         last = last_position(P, device)
 
-        if self.graph == "capture":
+        if self.graph in CAPTURED:
             with torch.autocast(device.type, enabled=False):   # the graph computes in the model's dtype
                 return self._run_captured(model, prompt_ids, G, max_new_tokens, eos_ids, pad_id, sampling,
                                           mask, positions, last)
@@ -353,7 +362,7 @@ class DecodeLoop:
         T = -(-max_new_tokens // k) * k
         cache = self._static_cache(model, B, L)
         V = model.get_output_embeddings().weight.shape[0]
-        state, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
+        state, step, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
         cache.reset()
         out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=mask[:, :P],
                     position_ids=positions.repeat_interleave(G, 0), past_key_values=cache, use_cache=True,
@@ -366,7 +375,7 @@ class DecodeLoop:
                 graph.replay()
             else:
                 for _ in range(k):
-                    state.advance()
+                    step()
             t += k
             if t >= max_new_tokens or bool(state.done.all()):
                 break

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlexp.rollout.decode import GRAPHS, DecodeLoop, Sampling
+from rlexp.rollout.decode import CAPTURED, GRAPHS, DecodeLoop, Sampling
 
 
 class SampledLogprobRecorder(LogitsProcessor):
@@ -70,8 +70,9 @@ class HFRollout:
     on the device, no per-token host synchronisation on CUDA). ``micro_batch`` bounds how many
     sequences are decoded together (memory); ``cache_implementation="static"`` gives a static KV cache
     and, with ``decode_graph``, CUDA graphs: ``compile`` (the model call through ``torch.compile``
-    reduce-overhead, a one-time compile per shape) or ``capture`` (whole token steps, sampling
-    included, captured by rlexp; see ``rlexp.rollout.decode``) — so ``pad_to_multiple_of`` buckets
+    reduce-overhead, a one-time compile per shape), ``capture`` (whole token steps, sampling
+    included, captured by rlexp; see ``rlexp.rollout.decode``) or ``capture_compiled`` (the same
+    steps compiled by Inductor, then captured) — so ``pad_to_multiple_of`` buckets
     prompt lengths to bound the shapes."""
 
     def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -85,8 +86,8 @@ class HFRollout:
                              "null/dynamic or static")
         if decode_graph not in GRAPHS:
             raise ValueError(f"rollout.decode_graph={decode_graph!r} is not one of {list(GRAPHS)}")
-        if decode_graph == "capture" and (engine != "loop" or cache_implementation != "static"):
-            raise ValueError("rollout.decode_graph=capture needs rollout.engine=loop and "
+        if decode_graph in CAPTURED and (engine != "loop" or cache_implementation != "static"):
+            raise ValueError(f"rollout.decode_graph={decode_graph} needs rollout.engine=loop and "
                              f"rollout.cache_implementation=static (got {engine!r}, {cache_implementation!r})")
         self._loop = DecodeLoop(static=cache_implementation == "static", graph=decode_graph,
                                 stop_check_every=stop_check_every) if engine == "loop" else None

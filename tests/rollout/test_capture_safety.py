@@ -22,7 +22,7 @@ def test_consecutive_steps_are_one_replayable_graph(tiny, sampling):
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
     loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
     loop.run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
-    (state, _), = loop._states.values()
+    (state, _, _), = loop._states.values()
     state.t.fill_(1)
     traces = []
     with torch.no_grad():

@@ -57,9 +57,28 @@ def test_captured_steps_stop_where_the_loop_stops(tiny):
         assert torch.allclose(captured[1], eager[1], atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_captured_steps_equal_the_eager_loop(tiny, backend):
+    """decode_graph=capture_compiled: the token step traced whole by dynamo (fullgraph; the ``eager``
+    backend checks the tracing fast) or compiled by Inductor (slow) gives the eager loop's greedy
+    tokens and log-probs, twice (no recompilation changes them)."""
+    from rlexp.rollout.decode import DecodeLoop
+    tok = tiny.tokenizer
+    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
+    args = (enc["input_ids"], enc["attention_mask"], 2, 12, [-1], tok.pad_token_id, Sampling(greedy=True))
+    eager = DecodeLoop(static=True).run(tiny.model, *args)
+    loop = DecodeLoop(static=True, graph="capture_compiled", stop_check_every=4, compile_backend=backend)
+    for _ in range(2):
+        out = loop.run(tiny.model, *args)
+        assert torch.equal(out[0], eager[0])
+        assert torch.allclose(out[1], eager[1], atol=1e-5)
+
+
 def test_capture_needs_the_static_loop():
     with pytest.raises(ValueError, match="rollout.decode_graph=capture"):
         HFRollout(engine="generate", cache_implementation="static", decode_graph="capture")
+    with pytest.raises(ValueError, match="rollout.decode_graph=capture_compiled needs"):
+        HFRollout(cache_implementation=None, decode_graph="capture_compiled")
     with pytest.raises(ValueError, match="rollout.decode_graph"):
         HFRollout(decode_graph="cudagraph")
 
@@ -67,7 +86,8 @@ def test_capture_needs_the_static_loop():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("greedy", [True, False])
-def test_captured_cuda_graph_equals_eager_steps(tiny, greedy):
+@pytest.mark.parametrize("graph", ["capture", "capture_compiled"])
+def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
     """On CUDA: replaying the captured graph gives the eager steps' tokens (greedy) and log-probs that
     match the training forward (sampling)."""
     from rlexp.rollout.decode import DecodeLoop
@@ -78,7 +98,7 @@ def test_captured_cuda_graph_equals_eager_steps(tiny, greedy):
     s = Sampling(greedy=greedy)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     eager = DecodeLoop(static=True).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
-    captured = DecodeLoop(static=True, graph="capture").run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
+    captured = DecodeLoop(static=True, graph=graph).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
     if greedy:
         assert torch.equal(captured[0], eager[0])
     comp_mask = torch.ones_like(captured[0])

@@ -30,7 +30,7 @@ def test_captured_decode_step_never_syncs(tiny, sampling):
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
     loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
     loop.run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
-    (state, _), = loop._states.values()
+    (state, _, _), = loop._states.values()
     state.t.fill_(2)
     with torch.no_grad(), HostSyncs() as s:
         state.advance()
