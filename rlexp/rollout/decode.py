@@ -363,11 +363,13 @@ class DecodeLoop:
         cache = self._static_cache(model, B, L)
         V = model.get_output_embeddings().weight.shape[0]
         state, step, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
-        cache.reset()
-        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=mask[:, :P],
-                    position_ids=positions.repeat_interleave(G, 0), past_key_values=cache, use_cache=True,
+        # one prefill per distinct prompt (dynamic cache), written G times into the static cache
+        out = model(input_ids=prompt_ids, attention_mask=mask[::G, :P], position_ids=positions, use_cache=True,
                     logits_to_keep=last)
-        state.load(mask[:, :P], out.logits[:, -1])
+        cache.reset()
+        for static_layer, layer in zip(cache.layers, out.past_key_values.layers):
+            static_layer.update(layer.keys.repeat_interleave(G, 0), layer.values.repeat_interleave(G, 0))
+        state.load(mask[:, :P], out.logits[:, -1].repeat_interleave(G, 0))
         del out
         t = 0
         while True:
