@@ -1,9 +1,9 @@
 """Our own decode loop for ``HFRollout(engine="loop")``: the same sampling as transformers ``generate``
 with far less work around each model call.
 
-* **One prefill per prompt.** The G completions of a prompt share its prompt: with a dynamic cache the
-  prompt runs through the model once and its KV cache is repeated G times (``batch_repeat_interleave``),
-  which removes (G−1)/G of the prefill. (A preallocated cache instead of the dynamic cache's
+* **One prefill per prompt.** The G completions of a prompt share its prompt: the prompt runs through
+  the model once and its KV cache is repeated G times (into preallocated buffers, or written G times
+  into the static cache: ``prefill_static``), which removes (G−1)/G of the prefill. (A preallocated cache instead of the dynamic cache's
   per-token concatenation was tried on the CPU: no faster, 5.9–6.0 s vs 5.9–6.2 s per rollout.)
 * **A few tensor ops per token.** Sampling (temperature, top-k, top-p), the log-prob of the sampled token
   under softmax(logits / temperature) (the ratio's denominator, as recorded by ``SampledLogprobRecorder``),
@@ -217,6 +217,18 @@ CAPTURED = ("capture", "capture_compiled")          # rlexp's own CUDA graph of 
 GRAPHS = ("compile", *CAPTURED, None)
 
 
+def prefill_static(model, cache, prompt_ids, prompt_mask, positions, repeats: int, last) -> torch.Tensor:
+    """Prefill each of the U distinct prompts once (dynamic cache) and write its keys and values
+    ``repeats`` times, row-major, into the (reset) static ``cache`` of U·repeats rows; returns the
+    (U·repeats, V) last-position logits. Saves (G−1)/G of the prefill against prefilling every row."""
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=last)
+    cache.reset()
+    for static_layer, layer in zip(cache.layers, out.past_key_values.layers):
+        static_layer.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0))
+    return out.logits[:, -1].repeat_interleave(repeats, 0)
+
+
 class DecodeLoop:
     """``static``: a static KV cache (else the prefilled dynamic cache, repeated G times into
     preallocated buffers). ``graph`` (static only): ``compile`` — the model call is
@@ -316,17 +328,14 @@ class DecodeLoop:
                                           mask, positions, last)
         if self.static:
             cache = self._static_cache(model, B, L)
-            out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=mask[:, :P],
-                        position_ids=positions.repeat_interleave(G, 0), past_key_values=cache,
-                        cache_position=torch.arange(P, device=device), use_cache=True, logits_to_keep=last)
-            logits = out.logits[:, -1]
+            logits = prefill_static(model, cache, prompt_ids, prompt_mask, positions, G, last)
         else:   # one prefill per distinct prompt, then its cache repeated G times into preallocated buffers
             out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                         use_cache=True, logits_to_keep=last)
             cache = out.past_key_values
             preallocate(cache, G, L)
             logits = out.logits[:, -1].repeat_interleave(G, 0)
-        del out
+            del out
         compile = self.graph == "compile" and device.type == "cuda"   # reduce-overhead = CUDA graphs
         step = self._step_fn(model, compile) if self.static else model
 
@@ -363,14 +372,7 @@ class DecodeLoop:
         cache = self._static_cache(model, B, L)
         V = model.get_output_embeddings().weight.shape[0]
         state, step, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
-        # one prefill per distinct prompt (dynamic cache), written G times into the static cache
-        out = model(input_ids=prompt_ids, attention_mask=mask[::G, :P], position_ids=positions, use_cache=True,
-                    logits_to_keep=last)
-        cache.reset()
-        for static_layer, layer in zip(cache.layers, out.past_key_values.layers):
-            static_layer.update(layer.keys.repeat_interleave(G, 0), layer.values.repeat_interleave(G, 0))
-        state.load(mask[:, :P], out.logits[:, -1].repeat_interleave(G, 0))
-        del out
+        state.load(mask[:, :P], prefill_static(model, cache, prompt_ids, mask[::G, :P], positions, G, last))
         t = 0
         while True:
             if graph is not None:
