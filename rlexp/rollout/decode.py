@@ -166,12 +166,11 @@ class StaticDecodeState:
     ops (no host reads, no allocation that outlives it), so consecutive calls can be captured as one
     CUDA graph; ``load()`` starts a rollout after the prefill."""
 
-    def __init__(self, model, cache, B: int, L: int, T: int, logits_like: torch.Tensor, eos_ids: list[int],
-                 pad_id: int, sampling: Sampling):
-        device = logits_like.device
+    def __init__(self, model, cache, B: int, L: int, T: int, V: int, eos_ids: list[int], pad_id: int,
+                 sampling: Sampling, device):
         self.model, self.cache, self.sampling, self.pad_id = model, cache, sampling, pad_id
         self.eos = torch.tensor(eos_ids, device=device)
-        self.logits = torch.zeros(B, logits_like.shape[-1], dtype=logits_like.dtype, device=device)
+        self.logits = torch.zeros(B, V, dtype=torch.float, device=device)    # sampling works in fp32 anyway
         self.tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(B, T, dtype=torch.float, device=device)
         self.done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -275,9 +274,7 @@ class DecodeLoop:
         key = (id(model), B, L, T, tuple(eos_ids), pad_id, sampling)
         if key in self._states:
             return self._states[key]
-        dtype = next(model.parameters()).dtype
-        state = StaticDecodeState(model, cache, B, L, T, torch.empty(0, V, dtype=dtype, device=device),
-                                  eos_ids, pad_id, sampling)
+        state = StaticDecodeState(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)
         step = state.advance
         if self.graph == "capture_compiled":
             step = torch.compile(state.advance, backend=self.compile_backend, fullgraph=True, dynamic=False)
