@@ -34,3 +34,18 @@ def test_compiled_training_forward_gives_the_same_steps(tiny_cfg, tmp_path, back
         assert a["reward/mean"] == b["reward/mean"]
         for k in ("loss/total", "grad_norm", "entropy/mean"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", ["compile", "capture", "capture_compiled"])
+def test_two_cuda_steps_with_each_decode_graph_and_compiled_training(tiny_cfg, graph):
+    """On CUDA (pytest -m gpu on the device machine): two training steps with the static-cache rollout
+    under each decode graph and the compiled training forward; finite losses and gradient norms."""
+    import math
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rows = _steps(tiny_cfg("trainer.device=cuda", "rollout=hf_static", f"rollout.decode_graph={graph}",
+                           "trainer.compile=true"))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["grad_norm"]) for r in rows)
