@@ -51,3 +51,16 @@ def chat_prompts(tok, n=3):
     """Chat-templated prompts of different lengths (left padding and position ids are exercised)."""
     return [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {7 * i + 3}?" * (i + 1)}],
                                     tokenize=False, add_generation_prompt=True) for i in range(n)]
+
+
+def decode_state(lm, sampling, step: int = 1):
+    """The ``StaticDecodeState`` of a captured-decode rollout (2 × 3 chat prompts, 8 tokens, blocks of 4)
+    on ``lm``, rewound to token ``step`` so that more steps fit in its buffers."""
+    from rlexp.rollout.decode import DecodeLoop
+    tok = lm.tokenizer
+    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
+    loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
+    loop.run(lm.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
+    (state, _, _), = loop._states.values()
+    state.t.fill_(step)
+    return state

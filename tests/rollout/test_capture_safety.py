@@ -7,8 +7,8 @@ host data, and never synchronise (tests/trainer/test_host_syncs.py)."""
 import pytest
 import torch
 
-from rlexp.rollout.decode import DecodeLoop, Sampling
-from tests.conftest import chat_prompts
+from rlexp.rollout.decode import Sampling
+from tests.conftest import decode_state
 from tests.syncs import OpTrace
 
 
@@ -18,12 +18,7 @@ def _storages(*tensors) -> set[int]:
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(greedy=True), Sampling(temperature=0.7, top_k=5, top_p=0.9)])
 def test_consecutive_steps_are_one_replayable_graph(tiny, sampling):
-    tok = tiny.tokenizer
-    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
-    loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
-    loop.run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
-    (state, _, _), = loop._states.values()
-    state.t.fill_(1)
+    state = decode_state(tiny, sampling)
     traces = []
     with torch.no_grad():
         for _ in range(2):

@@ -9,10 +9,10 @@ import torch
 from rlexp.algorithms.advantages import grpo
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.losses import ppo_clip
-from rlexp.rollout.decode import DecodeLoop, Sampling
+from rlexp.rollout.decode import Sampling
 from rlexp.trainer.optimize import policy_update
 from tests.algorithms.batches import tiny_policy, token_batch
-from tests.conftest import chat_prompts
+from tests.conftest import decode_state
 from tests.syncs import HostSyncs
 
 
@@ -26,12 +26,7 @@ def test_the_detector_sees_scalar_reads_and_data_dependent_shapes():
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(greedy=True), Sampling(top_k=5, top_p=0.9)])
 def test_captured_decode_step_never_syncs(tiny, sampling):
-    tok = tiny.tokenizer
-    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
-    loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
-    loop.run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
-    (state, _, _), = loop._states.values()
-    state.t.fill_(2)
+    state = decode_state(tiny, sampling, step=2)
     with torch.no_grad(), HostSyncs() as s:
         state.advance()
     assert s.calls == []
