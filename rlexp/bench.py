@@ -519,14 +519,15 @@ def run(cfg: DictConfig, command: str = "") -> dict:
             eps_low=cfg.algorithm.loss.eps_low, eps_high=cfg.algorithm.loss.eps_high, total_steps=total, seed=t.seed,
             bf16=bf16, gradient_checkpointing=b.trl.gradient_checkpointing, optim=optim,
             scale_rewards=cfg.algorithm.advantage.get("scale", "group"), reward_weight=term_cfg.get("weight", 1.0),
-            torch_compile=bool(b.trl.get("torch_compile", False)))
+            torch_compile=bool(b.trl.get("torch_compile", False)), cache_implementation=b.trl.get("cache_implementation"))
         trl = bench_trl.TRLSide(model=trl_loaded.model, tokenizer=trl_loaded.tokenizer, records=records,
                                 prompt_format=prompt_format, reward_term=ours.reward_terms[term_name], config=config,
                                 skip_nonfinite_steps=b.trl.get("skip_nonfinite_steps", True))
         probes["trl"] = DtypeProbe(trl_loaded.model)
         precision["trl"] = (f"fp32 weights, bf16={bf16} (accelerate autocast {'bf16' if bf16 else 'off'}), "
                             f"gradient_checkpointing={b.trl.gradient_checkpointing}, optim={optim}, "
-                            f"torch_compile={bool(b.trl.get('torch_compile', False))}")
+                            f"torch_compile={bool(b.trl.get('torch_compile', False))}, "
+                            f"cache_implementation={b.trl.get('cache_implementation')}")
         versions = bench_trl.versions()
 
     log.info("bench %s on %s: %d warm-up + %d measured steps each", b.setting, device_name(device), b.warmup_steps,

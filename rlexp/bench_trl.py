@@ -106,7 +106,8 @@ def grpo_config(*, output_dir: str, device: torch.device, n_rows: int, micro_bat
                 max_new_tokens: int, temperature: float, top_p: float, top_k: int, lr: float, betas, weight_decay: float,
                 adam_eps: float, max_grad_norm: float | None, eps_low: float, eps_high: float, total_steps: int,
                 seed: int, bf16: bool, gradient_checkpointing: bool, optim: str, scale_rewards: str,
-                reward_weight: float = 1.0, torch_compile: bool = False) -> GRPOConfig:
+                reward_weight: float = 1.0, torch_compile: bool = False,
+                cache_implementation: str | None = None) -> GRPOConfig:
     """The GRPOConfig of the bench: one generation batch of ``n_rows`` = prompts × G per optimiser
     step (gradient accumulation over ``n_rows / micro_batch`` micro-batches), μ = 1, β = 0, the
     per-sequence token-mean loss (``loss_type="grpo"``), a constant LR, no logging or saving."""
@@ -124,7 +125,7 @@ def grpo_config(*, output_dir: str, device: torch.device, n_rows: int, micro_bat
         max_grad_norm=max_grad_norm if max_grad_norm else 0.0, max_steps=total_steps, shuffle_dataset=False, seed=seed,
         gradient_checkpointing=gradient_checkpointing, logging_steps=10 ** 9, save_strategy="no", report_to="none",
         disable_tqdm=True, log_completions=False, dataloader_pin_memory=False, remove_unused_columns=False,
-        torch_compile=torch_compile,
+        torch_compile=torch_compile, cache_implementation=cache_implementation,
     )
 
 
