@@ -88,10 +88,11 @@ def test_capture_needs_the_static_loop():
 @pytest.mark.parametrize("greedy", [True, False])
 @pytest.mark.parametrize("graph", ["capture", "capture_compiled"])
 def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
-    """On CUDA: replaying the captured graph gives the eager steps' tokens (greedy) and log-probs that
-    match the training forward (sampling)."""
+    """On CUDA: replaying the captured graph gives the eager steps' greedy tokens (``capture``: the same
+    kernels; Inductor's may round differently) and sampled log-probs that match the training forward."""
+    import copy
     from rlexp.rollout.decode import DecodeLoop
-    model = tiny.model.to("cuda")
+    model = copy.deepcopy(tiny.model).to("cuda")
     tok = tiny.tokenizer
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False,
               pad_to_multiple_of=64).to("cuda")
@@ -99,12 +100,11 @@ def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
     ids, mask = enc["input_ids"], enc["attention_mask"]
     eager = DecodeLoop(static=True).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
     captured = DecodeLoop(static=True, graph=graph).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
-    if greedy:
+    if greedy and graph == "capture":
         assert torch.equal(captured[0], eager[0])
     comp_mask = torch.ones_like(captured[0])
     lp, _ = token_logprobs(model, ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0), captured[0], comp_mask)
     assert float((lp - captured[1]).abs().max()) < 1e-3
-    model.to("cpu")
 
 
 def test_loop_micro_batches_wholechat_prompts(tiny):
