@@ -111,8 +111,11 @@ class Trainer:
             use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
         # the training forwards (policy update, recomputed old log-probs) go through this; generation,
         # evaluation and checkpoints use the model itself (the compiled wrapper shares its parameters)
+        # dynamic=True: micro-batch shapes change every step, so compile for symbolic shapes at once
+        # rather than for the first shape and again at the first change (SmolLM2 on this CPU: 183 + 13 s
+        # of compiles against 83 + 125 s; the same 4.7-5.5 s train phase afterwards)
         self.train_model = torch.compile(model, backend=settings.get("compile_backend", "inductor"),
-                                         mode=settings.get("compile_mode")) if compiled else model
+                                         mode=settings.get("compile_mode"), dynamic=True) if compiled else model
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
