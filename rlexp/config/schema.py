@@ -153,6 +153,8 @@ def validate(cfg: DictConfig) -> None:
     for ok, key, value, why in checks:
         if not ok:
             raise ConfigError(f"{key}={value}: {why}")
+    if t.get("compile"):
+        _check_compile(t)
     terms = cfg.reward.get("terms") or {}
     if not terms:
         raise ConfigError("reward.terms is empty: configure at least one reward term")
@@ -161,3 +163,15 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"reward.terms.{name} has no _target_")
     if t.accuracy_term is not None and t.accuracy_term not in terms:
         raise ConfigError(f"trainer.accuracy_term={t.accuracy_term!r} is not a reward term (terms: {list(terms)})")
+
+
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _check_compile(t: DictConfig) -> None:
+    import torch._dynamo
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if t.compile_backend not in backends:
+        raise ConfigError(f"trainer.compile_backend={t.compile_backend!r} is not a torch.compile backend ({backends})")
+    if t.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"trainer.compile_mode={t.compile_mode!r} is not one of {list(COMPILE_MODES)}")

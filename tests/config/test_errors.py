@@ -16,9 +16,11 @@ from rlexp.train import run
     ("trainer.max_new_tokens=0", "trainer.max_new_tokens"),
     ("trainer.temperature=0", "trainer.temperature"),
     ("trainer.accuracy_term=nope", "trainer.accuracy_term"),
+    ("trainer.compile=true trainer.compile_backend=inductr", "trainer.compile_backend"),
+    ("trainer.compile=true trainer.compile_mode=fast", "trainer.compile_mode"),
 ])
 def test_invalid_values_name_the_key(tiny_cfg, override, key):
-    cfg = tiny_cfg(override)
+    cfg = tiny_cfg(*override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(cfg)
 
