@@ -42,12 +42,15 @@ part ways after a near-tie).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
 from rlexp.models.heads import last_position
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -288,9 +291,14 @@ class DecodeLoop:
                     step()
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(self.stop_check_every):
-                    step()
+            try:
+                with torch.cuda.graph(graph):
+                    for _ in range(self.stop_check_every):
+                        step()
+            except RuntimeError as e:   # an op that cannot be captured here: same steps, run eagerly
+                log.warning("rollout.decode_graph=%s: CUDA graph capture failed (%s); decoding without a graph",
+                            self.graph, str(e).splitlines()[0])
+                graph = None
             torch.cuda.current_stream(device).synchronize()
         self._states[key] = state, step, graph
         return state, step, graph
