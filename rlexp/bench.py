@@ -507,6 +507,7 @@ def run(cfg: DictConfig, command: str = "") -> dict:
         from rlexp.data.sampler import PromptSampler
         bf16 = (autocast == torch.bfloat16) if b.trl.bf16 is None else bool(b.trl.bf16)
         optim = b.trl.optim or ("adamw_torch_fused" if opt.get("fused") else "adamw_torch")
+        trl_compile, trl_cache = bool(b.trl.get("torch_compile", False)), b.trl.get("cache_implementation")
         order = PromptSampler(data.train, t.prompts_per_step, t.seed)  # the order ours draws, step by step
         records = [r for _ in range(total) for r in order.next_batch()]
         term_name, term_cfg = next(iter(cfg.reward.terms.items()))
@@ -519,15 +520,14 @@ def run(cfg: DictConfig, command: str = "") -> dict:
             eps_low=cfg.algorithm.loss.eps_low, eps_high=cfg.algorithm.loss.eps_high, total_steps=total, seed=t.seed,
             bf16=bf16, gradient_checkpointing=b.trl.gradient_checkpointing, optim=optim,
             scale_rewards=cfg.algorithm.advantage.get("scale", "group"), reward_weight=term_cfg.get("weight", 1.0),
-            torch_compile=bool(b.trl.get("torch_compile", False)), cache_implementation=b.trl.get("cache_implementation"))
+            torch_compile=trl_compile, cache_implementation=trl_cache)
         trl = bench_trl.TRLSide(model=trl_loaded.model, tokenizer=trl_loaded.tokenizer, records=records,
                                 prompt_format=prompt_format, reward_term=ours.reward_terms[term_name], config=config,
                                 skip_nonfinite_steps=b.trl.get("skip_nonfinite_steps", True))
         probes["trl"] = DtypeProbe(trl_loaded.model)
         precision["trl"] = (f"fp32 weights, bf16={bf16} (accelerate autocast {'bf16' if bf16 else 'off'}), "
                             f"gradient_checkpointing={b.trl.gradient_checkpointing}, optim={optim}, "
-                            f"torch_compile={bool(b.trl.get('torch_compile', False))}, "
-                            f"cache_implementation={b.trl.get('cache_implementation')}")
+                            f"torch_compile={trl_compile}, cache_implementation={trl_cache}")
         versions = bench_trl.versions()
 
     log.info("bench %s on %s: %d warm-up + %d measured steps each", b.setting, device_name(device), b.warmup_steps,

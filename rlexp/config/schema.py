@@ -32,7 +32,7 @@ class TrainerConfig:
     accuracy_term: Optional[str] = "accuracy"
     # the G completions of a prompt share one prompt forward (KV reuse); null: yes on the CPU (compute-
     # bound: train 4.5 vs 5.9-7.4 s), no on CUDA (a small model's step is launch-bound there and the
-    # shared path dispatches 1.9x the ops: two forwards, cache repeat and concatenation)
+    # shared path dispatches 2.1x the ops: two forwards, cache repeat; benchmarks/op_count.py --cuda-chunks)
     share_prompt_forward: Optional[bool] = None
     autocast: str = "auto"             # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
     cpu_matmul_attention: bool = True  # CPU training forward/backward: matmul attention, not SDPA (slow CPU backward)
@@ -153,7 +153,7 @@ def validate(cfg: DictConfig) -> None:
     for ok, key, value, why in checks:
         if not ok:
             raise ConfigError(f"{key}={value}: {why}")
-    if t.get("compile"):
+    if t.compile:
         _check_compile(t)
     terms = cfg.reward.get("terms") or {}
     if not terms:

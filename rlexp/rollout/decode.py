@@ -329,7 +329,7 @@ class DecodeLoop:
 
         if self.graph in CAPTURED:
             with torch.autocast(device.type, enabled=False):   # the graph computes in the model's dtype
-                return self._run_captured(model, prompt_ids, G, max_new_tokens, eos_ids, pad_id, sampling,
+                return self._run_captured(model, prompt_ids, G, max_new_tokens, steps, eos_ids, pad_id, sampling,
                                           mask, positions, last)
         if self.static:
             cache = self._static_cache(model, B, L)
@@ -368,12 +368,12 @@ class DecodeLoop:
             logits = out.logits[:, -1]
         return tokens[:, :t], logprobs[:, :t]
 
-    def _run_captured(self, model, prompt_ids, G, max_new_tokens, eos_ids, pad_id, sampling, mask, positions, last):
+    def _run_captured(self, model, prompt_ids, G, max_new_tokens, T, eos_ids, pad_id, sampling, mask, positions, last):
+        """``run`` with the captured steps; ``T``: ``max_new_tokens`` rounded up to whole blocks of k."""
         device = prompt_ids.device
         U, P = prompt_ids.shape
         B, L = U * G, mask.shape[1]
         k = self.stop_check_every
-        T = -(-max_new_tokens // k) * k
         cache = self._static_cache(model, B, L)
         V = model.get_output_embeddings().weight.shape[0]
         state, step, graph = self._captured(model, cache, B, L, T, V, eos_ids, pad_id, sampling, device)

@@ -104,9 +104,8 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         device_type = next(model.parameters()).device.type
-        compiled = settings.get("compile", False)
         self.share_prompts = (settings.share_prompt_forward if settings.share_prompt_forward is not None
-                              else device_type != "cuda" and not compiled)
+                              else device_type != "cuda" and not settings.compile)
         if settings.cpu_matmul_attention and device_type == "cpu":
             use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
         # the training forwards (policy update, recomputed old log-probs) go through this; generation,
@@ -114,8 +113,8 @@ class Trainer:
         # dynamic=True: micro-batch shapes change every step, so compile for symbolic shapes at once
         # rather than for the first shape and again at the first change (SmolLM2 on this CPU: 183 + 13 s
         # of compiles against 83 + 125 s; the same 4.7-5.5 s train phase afterwards)
-        self.train_model = torch.compile(model, backend=settings.get("compile_backend", "inductor"),
-                                         mode=settings.get("compile_mode"), dynamic=True) if compiled else model
+        self.train_model = torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode,
+                                         dynamic=True) if settings.compile else model
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
