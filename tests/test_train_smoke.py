@@ -36,6 +36,18 @@ def test_compiled_training_forward_gives_the_same_steps(tiny_cfg, tmp_path, back
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
 
 
+def test_token_budget_micro_batches_give_the_same_steps(tiny_cfg, tmp_path):
+    """trainer.micro_batch_tokens cuts the update into micro-batches by padded positions (here many
+    small ones): the whole-batch normalisers give the same losses and gradient norms."""
+    plain = _steps(tiny_cfg("trainer.share_prompt_forward=false"))
+    budget = _steps(compose_train([*TINY, "trainer.share_prompt_forward=false", "trainer.micro_batch_tokens=48"],
+                                  tmp_path / "budget"))
+    for a, b in zip(plain, budget, strict=True):
+        assert a["reward/mean"] == b["reward/mean"]
+        for k in ("loss/total", "grad_norm", "entropy/mean"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", ["compile", "capture", "capture_compiled"])
 def test_two_cuda_steps_with_each_decode_graph_and_compiled_training(tiny_cfg, graph):

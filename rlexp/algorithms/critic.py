@@ -69,9 +69,10 @@ class Critic:
                                            weight_decay=self.weight_decay, fused=True)
 
     @torch.no_grad()
-    def values(self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def values(self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None,
+               micro_batch_tokens: int | None = None) -> torch.Tensor:
         out = torch.zeros(batch.completion_mask.shape, dtype=torch.float32, device=batch.completion_mask.device)
-        for mb in plan_micro_batches(batch, micro_batch):
+        for mb in plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens):
             p, pm, c, cm, end = mb.rows(batch)
             out[mb.dev_idx, :end] = self.model(p, pm, c, cm, autocast_dtype) * cm
         return out
@@ -83,7 +84,8 @@ class Critic:
         settings = getattr(ctx, "settings", None)
         micro = getattr(settings, "micro_batch_size", 0) or 0
         owner = getattr(getattr(ctx, "sample", None), "__self__", None)
-        batch.values = self.values(batch, micro, getattr(owner, "autocast_dtype", None))
+        batch.values = self.values(batch, micro, getattr(owner, "autocast_dtype", None),
+                                   getattr(settings, "micro_batch_tokens", None))
         return batch
 
     def value_loss(self, values, old_values, returns, mask, total_tokens: float):
@@ -98,7 +100,8 @@ class Critic:
         m = mask.to(per.dtype)
         return 0.5 * (per * m).sum() / max(total_tokens, 1.0), clipped
 
-    def update(self, batch, *, mu: int, micro_batch: int, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+    def update(self, batch, *, mu: int, micro_batch: int, autocast_dtype: torch.dtype | None = None,
+               micro_batch_tokens: int | None = None) -> dict[str, float]:
         if self.model is None:
             raise RuntimeError("critic.update before critic.stage: the critic has no values for this batch")
         if "returns" not in batch.extras or batch.values is None:
@@ -109,7 +112,7 @@ class Critic:
         sums: dict[str, float] = defaultdict(float)
         for _ in range(mu):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in plan_micro_batches(batch, micro_batch):
+            for mb in plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens):
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(batch)
                 v = self.model(p, pm, c, cm, autocast_dtype)

@@ -16,6 +16,9 @@ class TrainerConfig:
     num_generations: int = 4           # G, completions per prompt
     num_iterations: int = 1            # μ, optimiser passes over one rollout batch
     micro_batch_size: int = 16         # completions per forward/backward (gradient accumulation = N / this)
+    # and at most this many padded positions per forward/backward (rows × (prompt + completion window)):
+    # short rows then train in larger micro-batches, long ones in smaller (null: rows only)
+    micro_batch_tokens: Optional[int] = None
     max_new_tokens: int = 64
     temperature: float = 1.0
     recompute_old_logprobs: bool = False  # μ > 1: old log-probs from a forward pass instead of the sampler's
@@ -142,6 +145,8 @@ def validate(cfg: DictConfig) -> None:
         (t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1"),
         (t.num_iterations >= 1, "trainer.num_iterations", t.num_iterations, "must be >= 1"),
         (t.micro_batch_size >= 0, "trainer.micro_batch_size", t.micro_batch_size, "must be >= 0 (0: whole batch)"),
+        (t.micro_batch_tokens is None or t.micro_batch_tokens > 0, "trainer.micro_batch_tokens",
+         t.micro_batch_tokens, "must be > 0 or null (no token budget)"),
         (t.max_new_tokens > 0, "trainer.max_new_tokens", t.max_new_tokens, "must be > 0"),
         (t.temperature > 0, "trainer.temperature", t.temperature, "must be > 0"),
         (t.eval_every >= 0, "trainer.eval_every", t.eval_every, "must be >= 0"),

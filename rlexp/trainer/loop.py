@@ -173,7 +173,7 @@ class Trainer:
         if self.algo.kl.coef > 0:
             batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size,
                                                 self.rollout.temperature, self.autocast_dtype,
-                                                self.share_prompts)
+                                                self.share_prompts, self.s.micro_batch_tokens)
             if self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
                 kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
@@ -181,13 +181,13 @@ class Trainer:
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
             batch.old_logprobs = batch_logprobs(self.train_model, batch, self.s.micro_batch_size, self.rollout.temperature,
-                                                self.autocast_dtype, self.share_prompts)
+                                                self.autocast_dtype, self.share_prompts, self.s.micro_batch_tokens)
         with record_function("rlexp.train"):   # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.advantage(batch)
             train = policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
                                   micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
                                   max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
-                                  share_prompts=self.share_prompts)
+                                  share_prompts=self.share_prompts, micro_batch_tokens=self.s.micro_batch_tokens)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2

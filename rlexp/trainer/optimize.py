@@ -14,23 +14,30 @@ from rlexp.algorithms.masks import loss_mask
 from rlexp.trainer.policy import PromptGroups, token_logprobs, trim_window
 
 
-def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None,
-                  group_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Row indices per micro-batch. Rows are sorted by length so padding inside a micro-batch is
-    small; with ``group_ids`` whole groups stay together (ordered by their longest completion), so
-    the rows of a group share one prompt forward (``token_logprobs(share_prompts=True)``)."""
+def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None, max_tokens: int | None = None,
+                  prompt_lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Row indices per micro-batch. Rows are sorted by completion length, longest first, so a
+    micro-batch pads little. A micro-batch takes at most ``size`` rows (0: no limit) and, with
+    ``max_tokens``, at most that many padded positions, rows × (longest prompt + longest completion in
+    it; ``prompt_lengths``, ``lengths``): long rows train in small micro-batches, short rows in large
+    ones (verl's ``use_dynamic_bsz``); a row over the budget goes alone. The whole-batch loss
+    normalisers make the gradient independent of the split."""
     size = size if size > 0 else n
-    if lengths is None:
-        order = torch.arange(n)
-    else:
-        order = torch.argsort(lengths, descending=True, stable=True)
-        if group_ids is not None:
-            groups = group_ids.cpu()
-            _, inv = torch.unique(groups, return_inverse=True)
-            gmax = torch.zeros(int(inv.max()) + 1, dtype=lengths.dtype).scatter_reduce(0, inv, lengths, "amax")[inv]
-            order = order[torch.argsort(groups[order], stable=True)]
-            order = order[torch.argsort(gmax[order], descending=True, stable=True)]
-    return [order[i:i + size] for i in range(0, n, size)]
+    order = torch.arange(n) if lengths is None else torch.argsort(lengths, descending=True, stable=True)
+    if not max_tokens:
+        return [order[i:i + size] for i in range(0, n, size)]
+    if lengths is None or prompt_lengths is None:
+        raise ValueError("micro_batches: max_tokens needs the rows' lengths and prompt_lengths")
+    out, start, p_max, c_max = [], 0, 0, 0
+    for i, row in enumerate(order.tolist()):
+        p, c = max(p_max, int(prompt_lengths[row])), max(c_max, int(lengths[row]))
+        rows = i - start + 1
+        if rows > 1 and (rows > size or rows * (p + c) > max_tokens):
+            out.append(order[start:i])
+            start, p, c = i, int(prompt_lengths[row]), int(lengths[row])
+        p_max, c_max = p, c
+    out.append(order[start:])
+    return out
 
 
 class MicroBatch:
@@ -38,11 +45,20 @@ class MicroBatch:
     out on the host from one copy of the batch's prompt ids and masks, so neither slicing nor the
     shared prompt forward needs a device round trip per micro-batch."""
 
-    def __init__(self, idx: torch.Tensor, device, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu):
+    def __init__(self, idx: torch.Tensor, device, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu,
+                 find_groups: bool = True):
         self.idx, self.dev_idx = idx, idx.to(device)
         self.start, self.end = trim_window(prompt_mask_cpu[idx], completion_mask_cpu[idx])
-        _, index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
-        self.prompt_groups = PromptGroups.from_index(index, device)   # None: no prompt repeats
+        pm, n_rows = prompt_mask_cpu[idx, self.start:], len(idx)
+        self.prompt_groups = None   # None: no prompt repeats, or not looked for
+        prompt_rows = torch.arange(n_rows)   # rows whose prompt goes through the model
+        if find_groups:
+            _, index = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
+            self.prompt_groups = PromptGroups.from_index(index, device)
+            prompt_rows = torch.zeros(int(index.max()) + 1, dtype=torch.long).scatter_(0, index, prompt_rows)
+        # positions the forward runs (padding included) and how many of them are real tokens
+        self.positions = len(prompt_rows) * pm.shape[1] + n_rows * self.end
+        self.tokens = int(pm[prompt_rows].sum() + completion_mask_cpu[idx].sum())
 
     def rows(self, batch: RolloutBatch):
         """prompt ids, prompt mask, completion ids, completion mask of the rows, trimmed; and ``end``."""
@@ -51,11 +67,17 @@ class MicroBatch:
                 batch.completion_mask[i, :e], e)
 
 
-def plan_micro_batches(batch: RolloutBatch, micro_batch: int) -> list[MicroBatch]:
-    """``micro_batches`` of the batch, with each one's trimmed window (see ``trim``)."""
+def plan_micro_batches(batch: RolloutBatch, micro_batch: int, share_prompts: bool = True,
+                       max_tokens: int | None = None) -> list[MicroBatch]:
+    """``micro_batches`` of the batch, with each one's trimmed window (see ``trim``) and, with
+    ``share_prompts``, which of its rows share a prompt. Rows are cut by length alone, not in whole
+    groups: a group's completions differ in length, and keeping them together padded each to the
+    group's longest. On one SmolLM2 rollout at 16 × 8 × 256 (``benchmarks/micro_batch_ab.py``) whole
+    groups ran 40,768 padded positions (55 % padding; TRL's whole-batch padding: 40,960), rows by
+    length 21,728 (16 %), or 17,376 with the rows that repeat a prompt in a micro-batch sharing it."""
     p, pm, cm = batch.prompt_ids.cpu(), batch.prompt_mask.cpu(), batch.completion_mask.cpu()
-    return [MicroBatch(idx, batch.prompt_ids.device, p, pm, cm)
-            for idx in micro_batches(len(batch), micro_batch, batch.lengths.cpu(), batch.group_ids.cpu())]
+    rows = micro_batches(len(batch), micro_batch, batch.lengths.cpu(), max_tokens, pm.sum(1))
+    return [MicroBatch(idx, batch.prompt_ids.device, p, pm, cm, share_prompts) for idx in rows]
 
 
 def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
@@ -71,10 +93,11 @@ def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
 
 @torch.no_grad()
 def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float,
-                   autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> torch.Tensor:
+                   autocast_dtype: torch.dtype | None = None, share_prompts: bool = True,
+                   micro_batch_tokens: int | None = None) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
-    for mb in plan_micro_batches(batch, micro_batch):
+    for mb in plan_micro_batches(batch, micro_batch, share_prompts, micro_batch_tokens):
         p, pm, c, cm, end = mb.rows(batch)
         lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype,
                                share_prompts=share_prompts and mb.prompt_groups is not None,
@@ -85,16 +108,21 @@ def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: fl
 
 def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
                   temperature: float, max_grad_norm: float | None,
-                  autocast_dtype: torch.dtype | None = None, share_prompts: bool = True) -> dict[str, float]:
+                  autocast_dtype: torch.dtype | None = None, share_prompts: bool = True,
+                  micro_batch_tokens: int | None = None) -> dict[str, float]:
     """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes. With a critic
-    (``algo.critic``), μ critic passes follow on the same batch."""
+    (``algo.critic``), μ critic passes follow on the same batch. Micro-batches: at most
+    ``micro_batch`` rows and ``micro_batch_tokens`` padded positions (``micro_batches``)."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
     norm = Normaliser.from_mask(mask, algo.count_empty_rows, algo.norm_length)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
     token_count = float(mask.sum().clamp(min=1))
-    plan = plan_micro_batches(batch, micro_batch)
+    plan = plan_micro_batches(batch, micro_batch, share_prompts, micro_batch_tokens)
+    positions = sum(mb.positions for mb in plan)
+    sums["train/micro_batches"] = float(len(plan))
+    sums["train/padding_share"] = 1.0 - sum(mb.tokens for mb in plan) / max(positions, 1)
     for _ in range(mu):
         optimizer.zero_grad(set_to_none=True)
         pass_sums: dict[str, torch.Tensor] = {}
@@ -143,5 +171,6 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             sums[k] += (v if k == "loss/total" else v / token_count) / mu
     sums["lr"] = optimizer.param_groups[0]["lr"]
     if algo.critic is not None:
-        sums.update(algo.critic.update(batch, mu=mu, micro_batch=micro_batch, autocast_dtype=autocast_dtype))
+        sums.update(algo.critic.update(batch, mu=mu, micro_batch=micro_batch, autocast_dtype=autocast_dtype,
+                                       micro_batch_tokens=micro_batch_tokens))
     return dict(sums)

@@ -13,13 +13,13 @@ from rlexp.algorithms.losses import ppo_clip
 from rlexp.trainer.optimize import policy_update
 
 
-def _update(batch, aggregation, micro):
+def _update(batch, aggregation, micro, micro_tokens=None, share=True):
     policy = tiny_policy(seed=1)
     before = copy.deepcopy(policy.state_dict())
     algo = Algorithm(name="t", advantage=grpo, loss=ppo_clip, aggregation=aggregation)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
     metrics = policy_update(policy, opt, None, batch, algo, mu=1, micro_batch=micro, temperature=1.0,
-                            max_grad_norm=None)
+                            max_grad_norm=None, micro_batch_tokens=micro_tokens, share_prompts=share)
     delta = {k: policy.state_dict()[k] - before[k] for k in before}
     return delta, metrics
 
@@ -48,3 +48,13 @@ def test_masked_update_does_not_depend_on_micro_batching():
     d_micro, _ = _update(overlong_mask(_batch([True, False, False, True])), "seq-mean-token-mean", micro=1)
     for k in d_whole:
         torch.testing.assert_close(d_whole[k], d_micro[k], atol=1e-6, rtol=1e-5)
+
+
+def test_update_does_not_depend_on_token_budget_or_group_order():
+    """Micro-batches cut by a token budget (rows of 7 and 6 positions: [0] alone, then pairs), or by
+    length without keeping groups together, give the whole batch's update."""
+    d_whole, _ = _update(overlong_mask(_batch([True, False, False, True])), "token-mean", micro=0)
+    for micro, tokens, share in ((0, 12, True), (0, 12, False), (3, 0, False), (0, 7, False)):
+        d, _ = _update(overlong_mask(_batch([True, False, False, True])), "token-mean", micro, tokens or None, share)
+        for k in d_whole:
+            torch.testing.assert_close(d_whole[k], d[k], atol=1e-6, rtol=1e-5)

@@ -15,6 +15,7 @@ from rlexp.train import run
     ("optimizer.lr=-1e-5", "optimizer.lr"),
     ("trainer.max_new_tokens=0", "trainer.max_new_tokens"),
     ("trainer.temperature=0", "trainer.temperature"),
+    ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens"),
     ("trainer.accuracy_term=nope", "trainer.accuracy_term"),
     ("trainer.compile=true trainer.compile_backend=inductr", "trainer.compile_backend"),
     ("trainer.compile=true trainer.compile_mode=fast", "trainer.compile_mode"),

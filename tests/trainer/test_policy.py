@@ -41,11 +41,27 @@ def test_single_token_completions_share_prompts(rollout_batch):
     assert a.shape == (12, 1) and torch.allclose(a, b, atol=1e-5)
 
 
-def test_micro_batches_keep_groups_together_longest_first():
+def test_micro_batches_cut_rows_by_length_longest_first():
+    """Rows by length, ties in row order, whatever group they belong to (whole groups would pad rows
+    1 and 5 to 9 and 5 tokens)."""
     lengths = torch.tensor([1, 5, 2, 3, 9, 1, 1, 2])
-    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
-    assert [b.tolist() for b in micro_batches(8, 4, lengths, groups)] == [[4, 5, 1, 0], [3, 2, 7, 6]]
+    assert [b.tolist() for b in micro_batches(8, 4, lengths)] == [[4, 1, 3, 2], [7, 0, 5, 6]]
     assert [b.tolist() for b in micro_batches(8, 0, lengths)] == [[4, 1, 3, 2, 7, 0, 5, 6]]
+    assert [b.tolist() for b in micro_batches(3, 2)] == [[0, 1], [2]]
+
+
+def test_micro_batches_token_budget_hand_computed():
+    """Rows in length order (0, 3, 1, 2) fill a micro-batch while rows × (longest prompt + longest
+    completion) stays within the budget: [0] 1 × (2 + 4) = 6, [0, 3] 2 × 6 = 12, [0, 3, 1] 3 × (3 + 4) = 21."""
+    lengths, prompts = torch.tensor([4, 2, 1, 3]), torch.tensor([2, 3, 3, 1])
+    cut = lambda size, budget: [b.tolist() for b in micro_batches(4, size, lengths, budget, prompts)]
+    assert cut(0, 12) == [[0, 3], [1, 2]]            # [1, 2]: 2 × (3 + 2) = 10
+    assert cut(0, 21) == [[0, 3, 1], [2]]
+    assert cut(2, 100) == [[0, 3], [1, 2]]           # the row cap still holds
+    assert cut(0, 3) == [[0], [3], [1], [2]]         # a row over the budget goes alone
+    assert cut(0, None) == [[0, 3, 1, 2]]
+    with pytest.raises(ValueError, match="max_tokens"):
+        micro_batches(4, 0, lengths, 12)
 
 
 def trim(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -103,8 +119,9 @@ def test_selected_logprobs_hand_computed():
 
 def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_batch):
     """The host-side plan gives the same windows as ``trim``, and the shared forward gives the same
-    log-probs with the plan's ``prompt_groups`` as with ``torch.unique`` on the device; micro-batches of
-    one group share its prompt (U = 1), and one row alone has nothing to share."""
+    log-probs with the plan's ``prompt_groups`` as with ``torch.unique`` on the device: rows of a
+    micro-batch with one prompt share it, and one row alone has nothing to share. Padded positions count
+    a shared prompt once."""
     from rlexp.algorithms.batch import RolloutBatch
     from rlexp.trainer.optimize import plan_micro_batches
     lm, out = rollout_batch
@@ -112,10 +129,19 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
     batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
                          completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
                          group_ids=torch.arange(n) // 4, prompts=[""] * n, completions=out.texts, records=[{}] * n)
+    shared_somewhere = False
     for mb in plan_micro_batches(batch, 4):
-        assert mb.prompt_groups is not None and len(mb.prompt_groups.first) == 1
-        assert mb.prompt_groups.inverse.tolist() == [0, 0, 0, 0]
         i = mb.dev_idx
+        _, labels = torch.unique(batch.prompt_ids[i], dim=0, return_inverse=True)
+        if mb.prompt_groups is None:
+            assert len(labels.unique()) == len(i)
+        else:
+            shared_somewhere = True
+            assert torch.equal(labels[mb.prompt_groups.inverse], labels)   # same prompt as its group's row
+            assert len(mb.prompt_groups.first) == len(labels.unique())
+            assert torch.equal(labels[mb.prompt_groups.first].sort().values, labels.unique())
+        unique_prompts = len(labels.unique())
+        assert mb.positions == unique_prompts * (batch.prompt_ids.shape[1] - mb.start) + len(i) * mb.end
         for a, b in zip(mb.rows(batch), trim(batch.prompt_ids[i], batch.prompt_mask[i], batch.completion_ids[i],
                                                 batch.completion_mask[i])):
             assert torch.equal(a, b) if torch.is_tensor(a) else a == b
@@ -124,7 +150,9 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
             lp_index, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8, prompt_groups=mb.prompt_groups)
             lp_unique, _ = token_logprobs(lm.model, p, pm, c, cm, 0.8)
         assert torch.allclose(lp_index * cm, lp_unique * cm, atol=1e-6)
+    assert shared_somewhere
     assert all(mb.prompt_groups is None for mb in plan_micro_batches(batch, 1))
+    assert all(mb.prompt_groups is None for mb in plan_micro_batches(batch, 4, share_prompts=False))
 
 
 def test_prompt_groups_from_host_labels():
