@@ -6,11 +6,13 @@ that is padding), and the CPU time of one forward + backward + gradient clipping
 
     python benchmarks/micro_batch_ab.py [--threads 2] [--out results/bench/micro_batches-cpu.md]
 
-Plans: ``groups, per row`` is what CUDA ran before (whole groups kept together although the forward is
-one per row, so every row of a group pads to its longest); ``rows, per row`` is the CUDA default now
-(rows cut by length alone); ``rows + token budget`` adds ``trainer.micro_batch_tokens``; ``groups,
-shared prompt`` is the CPU default (a group's prompt runs once); TRL pads the whole batch to its
-longest prompt and completion (positions only)."""
+Plans: ``groups, per row`` is what CUDA ran before session 5 (whole groups kept together although the
+forward is one per row, so every row of a group pads to its longest); ``rows, per row`` is the CUDA
+default now (rows cut by length alone); ``≤ N positions`` adds ``trainer.micro_batch_tokens``;
+``groups, shared prompt`` is what the CPU ran before (a group's prompt runs once); ``rows, shared
+prompt`` cuts by length and shares a prompt among the rows of a micro-batch that repeat it; the CPU
+default now takes whichever of the two has fewer positions. TRL pads the whole batch to its longest
+prompt and completion (positions only)."""
 from __future__ import annotations
 
 import argparse
@@ -60,15 +62,6 @@ def rollout(cfg, lm, threads: int, cache: Path) -> RolloutBatch:
     return batch
 
 
-def whole_groups(lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Row order with each group's rows together, groups by their longest completion (longest first)."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    group_max = torch.zeros(int(inv.max()) + 1, dtype=lengths.dtype).scatter_reduce(0, inv, lengths, "amax")[inv]
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[torch.argsort(group_ids[order], stable=True)]
-    return order[torch.argsort(group_max[order], descending=True, stable=True)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -95,18 +88,17 @@ def main() -> None:
         """micro-batches with or without whole groups, and with or without the shared prompt forward"""
         def plan(b, micro, _share, tokens):
             p, pm, cm = b.prompt_ids, b.prompt_mask, b.completion_mask
-            rows = optimize.micro_batches(len(b), micro, b.lengths, tokens, pm.sum(1))
-            if keep_groups:   # the plan before session 5: groups by their longest completion, then sliced
-                rows = [order[i:i + micro] for order in [whole_groups(b.lengths, b.group_ids)]
-                        for i in range(0, len(b), micro)]
-            return [optimize.MicroBatch(idx, p.device, p, pm, cm, share) for idx in rows]
+            rows = optimize.micro_batches(len(b), micro, b.lengths, tokens, pm.sum(1),
+                                          b.group_ids if keep_groups else None)
+            return [optimize.MicroBatch(idx, p, pm, cm, share) for idx in rows]
         return plan
 
     plans = [("groups, per row (CUDA before)", planner(True, False), False, args.micro_batch, None),
-             ("rows, per row", planner(False, False), False, args.micro_batch, None),
+             ("rows, per row (CUDA now)", planner(False, False), False, args.micro_batch, None),
              (f"rows, per row, ≤ {args.budget} positions, no row cap", planner(False, False), False, 0, args.budget),
              ("groups, shared prompt (CPU before)", planner(True, True), True, args.micro_batch, None),
-             ("rows, shared prompt where rows repeat one", planner(False, True), True, args.micro_batch, None)]
+             ("rows, shared prompt where rows repeat one", planner(False, True), True, args.micro_batch, None),
+             ("shared prompt, the plan with fewer positions (CPU now)", original, True, args.micro_batch, None)]
     best: dict[str, dict] = {}
     for round_ in range(args.rounds):
         for name, plan_fn, share, micro, budget in plans:

@@ -48,6 +48,26 @@ def test_micro_batches_cut_rows_by_length_longest_first():
     assert [b.tolist() for b in micro_batches(8, 4, lengths)] == [[4, 1, 3, 2], [7, 0, 5, 6]]
     assert [b.tolist() for b in micro_batches(8, 0, lengths)] == [[4, 1, 3, 2, 7, 0, 5, 6]]
     assert [b.tolist() for b in micro_batches(3, 2)] == [[0, 1], [2]]
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])   # whole groups, by their longest completion
+    assert [b.tolist() for b in micro_batches(8, 4, lengths, group_ids=groups)] == [[4, 5, 1, 0], [3, 2, 7, 6]]
+
+
+@pytest.mark.parametrize("lengths,share,plan,positions", [
+    # rows by length: [0, 2] 2 prompts × 3 + 2 × 4 = 14, [1, 3] 2 × 3 + 2 × 1 = 8: 22;
+    # whole groups:   [0, 1] 1 prompt × 3 + 2 × 4 = 11, [2, 3] 1 × 3 + 2 × 3 = 9: 20 — fewer
+    ([4, 1, 3, 1], True, [[0, 1], [2, 3]], [11, 9]),
+    # rows: [0, 2] 6 + 2 × 8 = 22, [1, 3] 6 + 2 = 8: 30; groups: [0, 1] 3 + 16 = 19, [2, 3] 3 + 14 = 17: 36
+    ([8, 1, 7, 1], True, [[0, 2], [1, 3]], [22, 8]),
+    ([4, 1, 3, 1], False, [[0, 2], [1, 3]], [14, 8]),   # one forward per row: by length, prompts counted per row
+])
+def test_plan_takes_the_cut_with_fewer_padded_positions(lengths, share, plan, positions):
+    from tests.algorithms.batches import make_batch
+    from rlexp.trainer.optimize import plan_micro_batches
+    batch = make_batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], lengths=lengths)
+    batch.prompt_ids = torch.tensor([[7, 8, 9], [7, 8, 9], [4, 5, 6], [4, 5, 6]])
+    mbs = plan_micro_batches(batch, 2, share_prompts=share)
+    assert [mb.idx.tolist() for mb in mbs] == plan and [mb.positions for mb in mbs] == positions
+    assert all((mb.prompt_groups is not None) == (share and plan == [[0, 1], [2, 3]]) for mb in mbs)
 
 
 def test_micro_batches_token_budget_hand_computed():
