@@ -51,8 +51,9 @@ def test_masked_update_does_not_depend_on_micro_batching():
 
 
 def test_update_does_not_depend_on_token_budget_or_group_order():
-    """Micro-batches cut by a token budget (rows of 7 and 6 positions: [0] alone, then pairs), or by
-    length without keeping groups together, give the whole batch's update."""
+    """Micro-batches cut by a token budget (rows 0, 3, 1, 2 in length order, prompts of 2, 1, 3, 3
+    tokens: 12 positions gives [0, 3] and [1, 2], 7 gives every row alone), or by length without
+    keeping groups together, give the whole batch's update."""
     d_whole, _ = _update(overlong_mask(_batch([True, False, False, True])), "token-mean", micro=0)
     for micro, tokens, share in ((0, 12, True), (0, 12, False), (3, 0, False), (0, 7, False)):
         d, _ = _update(overlong_mask(_batch([True, False, False, True])), "token-mean", micro, tokens or None, share)
