@@ -24,14 +24,15 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import rlexp.trainer.optimize as optimize
-from rlexp.algorithms.advantages import grpo
+from rlexp.algorithms.advantages.group import grpo
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.batch import RolloutBatch
-from rlexp.algorithms.losses import ppo_clip
-from rlexp.data.sampler import PromptSampler
+from rlexp.algorithms.losses.clip import ppo_clip
+from rlexp.config.paths import CONF_DIR
+from rlexp.core.batch import RolloutBatch
 from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.train import CONF_DIR, build
+from rlexp.runs.setup import build
+from rlexp.samplers.shuffle import PromptSampler
 from rlexp.trainer.loop import resolve_autocast
 
 
@@ -88,9 +89,9 @@ def main() -> None:
         """micro-batches with or without whole groups, and with or without the shared prompt forward"""
         def plan(b, micro, _share, tokens):
             p, pm, cm = b.prompt_ids, b.prompt_mask, b.completion_mask
-            rows = optimize.micro_batches(len(b), micro, b.lengths, tokens, pm.sum(1),
+            rows = plans.micro_batches(len(b), micro, b.lengths, tokens, pm.sum(1),
                                           b.group_ids if keep_groups else None)
-            return [optimize.MicroBatch(idx, p, pm, cm, share) for idx in rows]
+            return [plans.MicroBatch(idx, p, pm, cm, share) for idx in rows]
         return plan
 
     plans = [("groups, per row (CUDA before)", planner(True, False), False, args.micro_batch, None),

@@ -18,17 +18,18 @@ import torch
 from omegaconf import OmegaConf
 from torch.profiler import profile
 
+from rlexp.config.paths import CONF_DIR
+from rlexp.core.forward import token_logprobs
 from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.train import CONF_DIR
-from rlexp.trainer.policy import token_logprobs
 
 
 def main() -> None:
     import sys
     if "--cuda-chunks" in sys.argv:   # the chunk size selected_logprobs picks on CUDA
         import functools
-        import rlexp.trainer.policy as policy
+
+        import rlexp.core.forward as policy
         policy.selected_logprobs = functools.partial(policy.selected_logprobs, chunk_elements=2 ** 26)
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -1,6 +1,8 @@
-"""`rlexp <command> [hydra overrides...]`: train | eval | list | compare | bench."""
+"""``rlexp <command> [overrides...]``: dispatches to the command modules of ``rlexp.commands``."""
+
 from __future__ import annotations
 
+import importlib
 import sys
 
 USAGE = """usage: rlexp <command> [overrides...]
@@ -8,11 +10,22 @@ USAGE = """usage: rlexp <command> [overrides...]
 commands:
   train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
   eval      evaluate a model or checkpoint on benchmarks (Hydra app; `rlexp eval benchmark=offline eval.n=8`)
-  list      list config options: `rlexp list algorithms|models|datasets|rewards|...`
+  list      list config options (`rlexp list algorithms|models|...`), parts (`rlexp list parts`) or papers
+            (`rlexp list papers [--json]`)
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
   bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
 """
+
+# command -> (module, whether it is a Hydra app reading sys.argv)
+COMMANDS = {
+    "train": ("rlexp.commands.train", True),
+    "eval": ("rlexp.commands.evaluate", True),
+    "bench": ("rlexp.commands.bench", True),
+    "list": ("rlexp.commands.listing", False),
+    "compare": ("rlexp.commands.compare", False),
+    "replay": ("rlexp.commands.replay", False),
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,30 +34,16 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd == "train":
-        sys.argv = ["rlexp train", *rest]
-        from rlexp.train import main as train_main
-        train_main()
-    elif cmd == "eval":
-        sys.argv = ["rlexp eval", *rest]
-        from rlexp.evaluate import main as eval_main
-        eval_main()
-    elif cmd == "list":
-        from rlexp.listing import main as list_main
-        list_main(rest)
-    elif cmd == "compare":
-        from rlexp.compare import main as compare_main
-        compare_main(rest)
-    elif cmd == "bench":
-        sys.argv = ["rlexp bench", *rest]
-        from rlexp.bench import main as bench_main
-        bench_main()
-    elif cmd == "replay":
-        from rlexp.replay import main as replay_main
-        replay_main(rest)
-    else:
+    if cmd not in COMMANDS:
         print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+    module, hydra_app = COMMANDS[cmd]
+    command = importlib.import_module(module)
+    if hydra_app:
+        sys.argv = [f"rlexp {cmd}", *rest]
+        command.main()
+    else:
+        command.main(rest)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-import torch
 from omegaconf import OmegaConf, open_dict
 
+from rlexp.config.paths import CONF_DIR
 from rlexp.models.loading import load_model
-from rlexp.train import CONF_DIR
 
 TINY = ["model=tiny", "trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.num_generations=4",
         "trainer.max_new_tokens=12", "trainer.micro_batch_size=4", "tracker=none", "trainer.progress=false",

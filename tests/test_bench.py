@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from rlexp.bench import COLUMNS, _finish, check_comparable, ratios, summarise, trainer_settings
+from rlexp.bench.harness import _finish, check_comparable, trainer_settings
+from rlexp.bench.report import COLUMNS, ratios, summarise
 from rlexp.config.schema import ConfigError
 from tests.conftest import compose_train
 
 REPO = Path(__file__).resolve().parent.parent
 # mlflow and wandb are missing on the GPU machine: the harness must run without them
 RUN = ("import sys, runpy; sys.modules['mlflow'] = None; sys.modules['wandb'] = None; "
-       "runpy.run_module('rlexp.bench', run_name='__main__', alter_sys=True)")
+       "runpy.run_module('rlexp.commands.bench', run_name='__main__', alter_sys=True)")
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
-    """One run of `python3 -m rlexp.bench bench_setting=tiny` from the repo root (as on the GPU machine)."""
+    """One run of `python3 -m rlexp.commands.bench bench_setting=tiny` from the repo root (as on the GPU machine)."""
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "results"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
@@ -39,7 +40,7 @@ def test_files_are_written_and_named_by_setting_and_device(tiny_report):
     assert sorted(p.name for p in out.iterdir()) == ["tiny-cpu-profile.txt", "tiny-cpu.csv", "tiny-cpu.json",
                                                      "tiny-cpu.md"]
     assert report["setting"] == "tiny" and report["device_slug"] == "cpu"
-    assert report["command"].startswith("python3 -m rlexp.bench bench_setting=tiny")
+    assert report["command"].startswith("python3 -m rlexp.commands.bench bench_setting=tiny")
 
 
 def test_profile_of_one_extra_step_by_phase(tiny_report):
@@ -207,7 +208,8 @@ def test_cli_dispatches_bench(capsys):
 
 def test_prompt_check_catches_trl_seeing_other_prompts(tmp_path, monkeypatch):
     """The same-prompts check is real: feed TRL the prompts in reverse order and it reports False."""
-    from rlexp import bench, bench_trl
+    from rlexp.bench import harness as bench
+    from rlexp.bench import trl_side as bench_trl
     original = bench_trl.bench_dataset
     monkeypatch.setattr(bench_trl, "bench_dataset", lambda records, fmt: original(records[::-1], fmt))
     cfg = _bench_cfg(tmp_path, "bench_setting=tiny", "bench.warmup_steps=0", "bench.steps=1",

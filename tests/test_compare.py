@@ -7,8 +7,8 @@ import matplotlib.image
 import pytest
 from mlflow import MlflowClient
 
-from rlexp.compare import main as compare_main
-from rlexp.train import run
+from rlexp.commands.compare import main as compare_main
+from rlexp.runs.training import run
 from tests.conftest import TINY, compose_train
 from tests.test_determinism import FINGERPRINT
 

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from rlexp.rewards.terms import RewardTerm
-from rlexp.train import run, seed_everything
+from rlexp.runs.setup import seed_everything
+from rlexp.runs.training import run
 from tests.conftest import TINY, compose_train
 
 

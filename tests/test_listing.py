@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlexp import listing
 from rlexp.cli import main as cli_main
+from rlexp.config import catalog as listing
 
 CONF = Path(listing.CONF_DIR)
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from rlexp.train import run
+from rlexp.runs.training import run
 from tests.conftest import TINY, compose_train
 
 
@@ -54,6 +54,7 @@ def test_two_cuda_steps_with_each_decode_graph_and_compiled_training(tiny_cfg, g
     """On CUDA (pytest -m gpu on the device machine): two training steps with the static-cache rollout
     under each decode graph and the compiled training forward; finite losses and gradient norms."""
     import math
+
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

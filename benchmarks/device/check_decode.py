@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from rlexp.core.forward import token_logprobs
 from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.trainer.policy import token_logprobs
 
 dev = torch.device(os.environ.get("CHECK_DEVICE", "cuda"))
 small = dev.type == "cpu"   # a quick CPU run of this script checks the script itself

@@ -5,9 +5,9 @@ import os
 import torch
 from omegaconf import OmegaConf
 
+from rlexp.core.forward import token_logprobs
 from rlexp.models.loading import load_model
 from rlexp.rollout.hf import HFRollout
-from rlexp.trainer.policy import token_logprobs
 
 ok = True
 dev = torch.device("cuda")

@@ -8,7 +8,7 @@ limit=$1; shift
 mkdir -p "$OUT/runs" /tmp/runs
 for spec in "$@"; do
   name=${spec%%|*}; args=${spec#*|}
-  ( timeout "$limit" python3 -m rlexp.train tracker=none trainer.progress=false model.gguf_path=$HOME/smol.gguf \
+  ( timeout "$limit" python3 -m rlexp train tracker=none trainer.progress=false model.gguf_path=$HOME/smol.gguf \
       hydra.run.dir=/tmp/runs/$name $args > /tmp/runs/$name.log 2>&1 ; echo "$name rc=$?" ) &
 done
 wait

@@ -9,7 +9,7 @@ echo "runs with $EXTRA"
 LIMIT=${LIMIT:-330} bash benchmarks/device/comparisons.sh 2>&1 | grep -E "rc=|failed|Error" | tail -20
 mkdir -p $OUT/bench $OUT/runs
 if [ "${BENCH_LIMIT:-230}" != 0 ]; then
-timeout ${BENCH_LIMIT:-230} python3 -m rlexp.bench bench_setting=gpu rollout=hf_static +$EXTRA bench.steps=${BENCH_STEPS:-5} model.gguf_path=$HOME/smol.gguf \
+timeout ${BENCH_LIMIT:-230} python3 -m rlexp bench bench_setting=gpu rollout=hf_static +$EXTRA bench.steps=${BENCH_STEPS:-5} model.gguf_path=$HOME/smol.gguf \
   bench.out_dir=$OUT/bench hydra.run.dir=/tmp/bench > $OUT/bench/bench.log 2>&1; echo "bench rc=$?"
 tail -25 $OUT/bench/bench.log
 fi

@@ -12,7 +12,7 @@ if [ -z "$ENGINE" ]; then
   if grep -q DECODE_OK $OUT/check_decode.log; then ENGINE=loop; else ENGINE=generate; DECODE_GRAPH=compile; fi
 fi
 echo "bench with rollout.engine=$ENGINE rollout.decode_graph=${DECODE_GRAPH:-compile}"
-timeout ${LIMIT:-300} python3 -m rlexp.bench bench_setting=${SETTING:-gpu} rollout=hf_static rollout.engine=$ENGINE \
+timeout ${LIMIT:-300} python3 -m rlexp bench bench_setting=${SETTING:-gpu} rollout=hf_static rollout.engine=$ENGINE \
   rollout.decode_graph=${DECODE_GRAPH:-compile} bench.profile=${PROFILE:-true} \
   bench.steps=${STEPS:-5} model.gguf_path=$HOME/smol.gguf bench.out_dir=$OUT hydra.run.dir=/tmp/bench ${EXTRA_ARGS:-} \
   > $OUT/bench_${SETTING:-gpu}.log 2>&1; echo "bench rc=$?"

@@ -8,7 +8,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from . import config  # noqa: F401  (registers hydra/sweeper=rlexp_optuna and its sampler/pruner groups)
+from . import config as _config  # noqa: F401  (registers hydra/sweeper=rlexp_optuna and its sampler/pruner groups)
 
 
 class RLExpOptunaSweeper(Sweeper):

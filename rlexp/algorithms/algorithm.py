@@ -13,10 +13,11 @@ from typing import Any, Callable
 import torch
 
 from rlexp.algorithms.aggregation import MODES
-from rlexp.algorithms.kl import ESTIMATORS, kl_estimate
-from rlexp.algorithms.losses import LossOutput
-from rlexp.algorithms.reference import KINDS
-from rlexp.algorithms.token_selection import high_entropy_mask
+from rlexp.algorithms.families import FAMILIES
+from rlexp.algorithms.losses.base import LossOutput
+from rlexp.algorithms.regularisers.entropy import high_entropy_mask
+from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
+from rlexp.algorithms.regularisers.reference import KINDS
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Algorithm:
     advantage: Callable
     loss: Callable
     paper: str = ""
+    family: str = ""                    # rlexp.algorithms.families.FAMILIES (`rlexp list algorithms`)
     aggregation: str = "token-mean"
     count_empty_rows: bool = False
     norm_length: float | None = None
@@ -48,7 +50,7 @@ class Algorithm:
     group_stages: list = field(default_factory=list)
     mechanism: str = ""                 # one line for `rlexp list algorithms`
     top_entropy_quantile: float = 1.0   # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
-    critic: Any = None                  # rlexp.algorithms.critic.Critic (PPO) or None
+    critic: Any = None                  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -56,6 +58,8 @@ class Algorithm:
         if not isinstance(self.reference, ReferenceSettings):
             self.reference = ReferenceSettings(**dict(self.reference))
         self.group_stages = list(self.group_stages or [])
+        if self.family and self.family not in FAMILIES:
+            raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:
             raise ValueError(f"algorithm.aggregation={self.aggregation!r} is not one of {MODES}")
         if self.kl.estimator not in ESTIMATORS:
@@ -72,7 +76,7 @@ class Algorithm:
             raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} must be in (0, 1]")
         if self.critic is not None:
             if not hasattr(self.critic, "stage") or not hasattr(self.critic, "update"):
-                raise ValueError(f"algorithm.critic must be a rlexp.algorithms.critic.Critic, got {type(self.critic).__name__}")
+                raise ValueError(f"algorithm.critic must be a rlexp.algorithms.critics.ppo.Critic, got {type(self.critic).__name__}")
             self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
 
     @property

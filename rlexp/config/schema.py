@@ -107,6 +107,7 @@ class RLExpConfig:
     rollout: Any = MISSING
     tracker: Any = MISSING
     optimizer: Any = MISSING
+    sampler: Any = None                # which prompts each step draws (conf/sampler; null: shuffle)
     run_name: Optional[str] = None
     experiment_name: str = "rlexp"      # MLflow experiment / W&B project (conf/experiment/ is the group of experiment files)
     trial: TrialConfig = field(default_factory=TrialConfig)

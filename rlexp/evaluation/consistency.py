@@ -8,7 +8,7 @@ reasoning leads to (DESIGN.md, "Metrics"). Two measurements, each logged under i
 * **likelihood** (``consistency/likelihood_mean``, ``consistency/likelihood_rate``) — the judge's
   probability of the stated answer tokens given prompt + reasoning, exp(mean token log-prob); the
   confidence signal of GRPO-CARE ("Consistency-Aware RL for Multimodal Reasoning", 2025), computed by
-  ``rlexp.algorithms.likelihood.answer_confidence``. The rate is the share above ``threshold``.
+  ``rlexp.rewards.likelihood.answer_confidence``. The rate is the share above ``threshold``.
 
 The judge is a frozen reference model (``judge: reference``: in training a frozen copy of the
 initial policy — the algorithm's own frozen reference when it keeps one; in ``rlexp eval`` the base
@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from rlexp.algorithms.likelihood import answer_confidence
 from rlexp.rewards.answers import answer_span
+from rlexp.rewards.likelihood import answer_confidence
 
 JUDGES = ("reference", "policy")
 

@@ -179,6 +179,7 @@ class BenchmarkEvaluator:
 def settings_from_config(cfg_eval, seed: int) -> EvalSettings:
     """``EvalSettings`` from the ``eval`` config node (keys that are not settings are ignored)."""
     from dataclasses import fields
+
     from omegaconf import OmegaConf
     names = {f.name for f in fields(EvalSettings)}
     values = {k: v for k, v in OmegaConf.to_container(cfg_eval, resolve=True).items() if k in names}

@@ -12,7 +12,7 @@ The formula is Kimi k1.5's length reward ("Kimi k1.5: Scaling Reinforcement Lear
 It is added to the correctness reward with a weight (the term's ``weight``). Applied to every group,
 this is the unstable baseline of GRPO-λ ("Stable Reinforcement Learning for Efficient Reasoning",
 2025): accuracy collapses as the length shrinks. GRPO-λ applies it only to groups with a high
-correctness ratio (``rlexp.algorithms.lambda_switch``), using the same function.
+correctness ratio (``rlexp.algorithms.group_stages.length_switch``), using the same function.
 
 Lengths are completion tokens (EOS included, as in ``RolloutBatch.lengths``).
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from rlexp.core.registry import REWARDS
 from rlexp.rewards.terms import Accuracy, RewardTerm, Sample, TermResult
 
 
@@ -42,6 +43,7 @@ def kimi_length_reward(lengths: torch.Tensor, correct: torch.Tensor, group_ids: 
     return torch.where(correct.bool(), lam, lam.clamp(max=0.0))
 
 
+@REWARDS.register
 class LengthPenalty(RewardTerm):
     """Kimi k1.5 length reward as a group-aware reward term (``reward=length_penalty``).
 

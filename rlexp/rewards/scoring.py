@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rlexp.algorithms.batch import RolloutBatch
+from rlexp.core.batch import RolloutBatch
 from rlexp.rewards.terms import RewardTerm, Sample
 
 

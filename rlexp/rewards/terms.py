@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from rlexp.core.registry import REWARDS
 from rlexp.rewards.answers import extract_answer, math_equal
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def check_answer(answer: str | None, record: dict) -> float:
     raise ValueError(f"unknown scorer {scorer!r} in record {record.get('id')}")
 
 
+@REWARDS.register
 class Accuracy(RewardTerm):
     """Correctness of the final answer: math-verify for math answers, the reasoning-gym scorer for
     its tasks. ``fallback_last_number`` scores the last number when no formatted answer is stated."""
@@ -91,6 +93,7 @@ class Accuracy(RewardTerm):
 _TAG_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
 
 
+@REWARDS.register
 class Format(RewardTerm):
     """1 when the completion follows the answer convention, else 0.
 

@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
-from rlexp.sweeping.objectives import lookup
 from rlexp.sweeping import PRUNED_AT
+from rlexp.sweeping.objectives import lookup
 
 log = logging.getLogger(__name__)
 _STORAGES: dict = {}
@@ -51,7 +51,7 @@ class TrialReporter:
         self._linked = False
 
     def bind(self, trainer) -> None:
-        """Called by ``rlexp.train.run`` with the Trainer before training starts."""
+        """Called by ``rlexp.runs.training.run`` with the Trainer before training starts."""
         self.trainer = trainer
         trainer.tags.update({"optuna.study": self.study_name, "optuna.trial": str(self.number)})
 

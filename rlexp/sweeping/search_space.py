@@ -23,8 +23,7 @@ from typing import Any, Mapping
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
-                                  IntDistribution)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 
 class SearchSpaceError(ValueError):

@@ -13,14 +13,14 @@ import torch
 from torch.profiler import record_function
 
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.batch import RolloutBatch
-from rlexp.algorithms.kl import kl_estimate
-from rlexp.algorithms.reference import ReferenceModel
+from rlexp.algorithms.regularisers.kl import kl_estimate
+from rlexp.algorithms.regularisers.reference import ReferenceModel
+from rlexp.core.batch import RolloutBatch
 from rlexp.data.prompts import PromptFormat
-from rlexp.data.sampler import PromptSampler
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
 from rlexp.rewards.scoring import score
+from rlexp.samplers.shuffle import PromptSampler
 from rlexp.tracking.base import JSONLTracker, Tracker
 from rlexp.trainer import checkpoint as ckpt
 from rlexp.trainer.metrics import batch_metrics
@@ -83,7 +83,7 @@ class Trainer:
                  data: DatasetSplits, prompt_format: PromptFormat, optimizer, scheduler, tracker: Tracker,
                  jsonl: JSONLTracker, run_dir: Path, run_name: str, config: dict, params: dict, tags: dict,
                  accuracy_term: str | None = "accuracy", evaluator: Callable | None = None, callbacks: list | None = None,
-                 consistency=None):
+                 consistency=None, sampler=None):
         self.s = settings
         self.model, self.tok, self.algo = model, tokenizer, algorithm
         self.reward_terms, self.rollout, self.data, self.prompt_format = reward_terms, rollout, data, prompt_format
@@ -93,7 +93,8 @@ class Trainer:
         self.config, self.params, self.tags = config, params, tags
         self.accuracy_term, self.evaluator = accuracy_term, evaluator
         self.callbacks = list(callbacks or [])
-        self.sampler = PromptSampler(data.train, settings.prompts_per_step, settings.seed)
+        # the prompt sampler (conf/sampler), built by the app; the default is the seeded shuffle
+        self.sampler = sampler if sampler is not None else PromptSampler(data.train, settings.prompts_per_step, settings.seed)
         self.reference = None
         if algorithm.needs_reference:
             r = algorithm.reference

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rlexp.algorithms.advantages import group_stats
-from rlexp.algorithms.batch import RolloutBatch
+from rlexp.core.batch import RolloutBatch
+from rlexp.core.stats import group_stats
 
 
 def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, float]:

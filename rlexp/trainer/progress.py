@@ -5,7 +5,6 @@ import logging
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-
 log = logging.getLogger("rlexp.progress")
 
 

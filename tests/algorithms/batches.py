@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlexp.algorithms.batch import RolloutBatch
+from rlexp.core.batch import RolloutBatch
 
 
 def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=None, weights=None) -> RolloutBatch:

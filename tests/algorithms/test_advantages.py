@@ -5,8 +5,14 @@ import math
 import pytest
 import torch
 
+from rlexp.algorithms.advantages.baselines import opo, remax
+from rlexp.algorithms.advantages.beta import bnpo
+from rlexp.algorithms.advantages.gae import gae
+from rlexp.algorithms.advantages.group import gpg, grpo
+from rlexp.algorithms.advantages.leave_one_out import rloo
+from rlexp.algorithms.advantages.multi_reward import gdpo
+from rlexp.algorithms.advantages.reinforce import raw_reward, reinforce_pp, reinforce_pp_baseline
 from tests.algorithms.batches import make_batch
-from rlexp.algorithms import advantages as A
 
 
 def close(x, expected, tol=1e-5):
@@ -17,14 +23,14 @@ def close(x, expected, tol=1e-5):
 
 def test_group_mean_without_std_dr_grpo():
     b = make_batch([1, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1])
-    close(A.grpo(b, scale="none"), [0.5, -0.5, -0.5, 0.5, 0, 0])
+    close(grpo(b, scale="none"), [0.5, -0.5, -0.5, 0.5, 0, 0])
 
 
 def test_group_mean_batch_std_lite_ppo():
     # batch of six 1s and two 0s: Bessel std = sqrt(1.5 / 7)
     b = make_batch([1, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1])
     s = math.sqrt(1.5 / 7)
-    close(A.grpo(b, scale="batch", eps=0.0), [0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0, 0, 0, 0])
+    close(grpo(b, scale="batch", eps=0.0), [0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0, 0, 0, 0])
 
 
 # ---- RLOO -------------------------------------------------------------------------------------------
@@ -32,7 +38,7 @@ def test_group_mean_batch_std_lite_ppo():
 def test_rloo_leave_one_out_zero_variance_and_singleton():
     b = make_batch([1, 0, 0, 1, 1, 1, 1, 0.5], [0, 0, 0, 0, 1, 1, 1, 2])
     # r_0 − mean(0, 0, 1) = 1 − 1/3
-    close(A.rloo(b), [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0])
+    close(rloo(b), [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0])
 
 
 # ---- REINFORCE++ ------------------------------------------------------------------------------------
@@ -41,13 +47,13 @@ def test_reinforce_pp_whitens_token_returns_over_the_batch():
     # tokens: row 0 → 1, 1; row 1 (single token) → 0. mean 2/3, Bessel var 1/3
     b = make_batch([1, 0], [0, 1], lengths=[2, 1])
     s = math.sqrt(1 / 3)
-    close(A.reinforce_pp(b, eps=0.0), [[(1 / 3) / s, (1 / 3) / s], [(-2 / 3) / s, 0.0]])
+    close(reinforce_pp(b, eps=0.0), [[(1 / 3) / s, (1 / 3) / s], [(-2 / 3) / s, 0.0]])
 
 
 def test_reinforce_pp_discounts_the_outcome_reward():
     # γ = 0.5: row 0 returns 0.5, 1; row 1: 0 → mean 0.5, Bessel var 0.25
     b = make_batch([1, 0], [0, 1], lengths=[2, 1])
-    close(A.reinforce_pp(b, gamma=0.5, eps=0.0), [[0.0, 1.0], [-1.0, 0.0]])
+    close(reinforce_pp(b, gamma=0.5, eps=0.0), [[0.0, 1.0], [-1.0, 0.0]])
 
 
 def test_reinforce_pp_baseline_centres_by_group_then_whitens_tokens():
@@ -56,14 +62,14 @@ def test_reinforce_pp_baseline_centres_by_group_then_whitens_tokens():
     mean = 1.5 / 4
     std = math.sqrt(((0.5 - mean) ** 2 * 2 + (-0.5 - mean) ** 2 + (1 - mean) ** 2) / 3)
     hi, lo, one = (0.5 - mean) / std, (-0.5 - mean) / std, (1 - mean) / std
-    close(A.reinforce_pp_baseline(b, eps=0.0), [[hi, hi], [lo, 0.0], [one, 0.0]])
+    close(reinforce_pp_baseline(b, eps=0.0), [[hi, hi], [lo, 0.0], [one, 0.0]])
 
 
 def test_whiten_with_fewer_than_two_tokens_is_zero_not_nan():
     b = make_batch([1.0], [0], lengths=[1])
-    close(A.reinforce_pp(b), [[0.0]])
+    close(reinforce_pp(b), [[0.0]])
     empty = make_batch([1.0, 0.0], [0, 1], lengths=[0, 0])
-    close(A.reinforce_pp(empty), [[0.0], [0.0]])
+    close(reinforce_pp(empty), [[0.0], [0.0]])
 
 
 # ---- ReMax ------------------------------------------------------------------------------------------
@@ -71,12 +77,12 @@ def test_whiten_with_fewer_than_two_tokens_is_zero_not_nan():
 def test_remax_subtracts_the_greedy_reward():
     b = make_batch([1, 0, 0.5], [0, 0, 1])
     b.extras["greedy_reward"] = torch.tensor([0.5, 0.5, 1.0])
-    close(A.remax(b), [0.5, -0.5, -0.5])
+    close(remax(b), [0.5, -0.5, -0.5])
 
 
 def test_remax_without_greedy_stage_names_the_stage():
     with pytest.raises(KeyError, match="greedy_baseline"):
-        A.remax(make_batch([1, 0], [0, 0]))
+        remax(make_batch([1, 0], [0, 0]))
 
 
 # ---- OPO --------------------------------------------------------------------------------------------
@@ -84,26 +90,26 @@ def test_remax_without_greedy_stage_names_the_stage():
 def test_opo_length_weighted_baseline():
     # b = (2·1 + 4·0 + 6·1) / 12 = 2/3; group 1 has only empty completions; group 2 is a singleton
     b = make_batch([1, 0, 1, 1, 0, 1], [0, 0, 0, 1, 1, 2], lengths=[2, 4, 6, 0, 0, 1], width=6)
-    close(A.opo(b), [1 / 3, -2 / 3, 1 / 3, 0, 0, 0])
+    close(opo(b), [1 / 3, -2 / 3, 1 / 3, 0, 0, 0])
 
 
 # ---- GPG --------------------------------------------------------------------------------------------
 
 def test_gpg_rescales_by_the_share_of_informative_samples():
     b = make_batch([1, 0, 1, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1])
-    close(A.gpg(b), [1, -1, 1, -1, 0, 0, 0, 0])  # α = 8 / 4
+    close(gpg(b), [1, -1, 1, -1, 0, 0, 0, 0])  # α = 8 / 4
 
 
 def test_gpg_alpha_is_capped_like_the_released_code():
     rewards = [1, 0] + [1, 1] * 20   # 2 informative samples of 42: α would be 21, capped at 1/0.05
     groups = [g for g in range(21) for _ in range(2)]
-    adv = A.gpg(make_batch(rewards, groups))
+    adv = gpg(make_batch(rewards, groups))
     close(adv[:2], [10.0, -10.0])
     assert adv[2:].abs().max() == 0
 
 
 def test_gpg_all_groups_degenerate_gives_zero():
-    close(A.gpg(make_batch([1, 1, 0, 0], [0, 0, 1, 1])), [0, 0, 0, 0])
+    close(gpg(make_batch([1, 1, 0, 0], [0, 0, 1, 1])), [0, 0, 0, 0])
 
 
 # ---- BNPO -------------------------------------------------------------------------------------------
@@ -116,15 +122,15 @@ def test_bnpo_beta_weights():
     w_q, w_h = math.pi / (2 * math.sqrt(3)), math.pi / 4
     expected = ([0.75 * w_q] + [-0.25 * w_q] * 3 + [0.5 * w_h] * 2 + [-0.5 * w_h] * 2
                 + [0.25 * w_q] * 3 + [-0.75 * w_q])
-    close(A.bnpo(make_batch(rewards, groups)), expected)
+    close(bnpo(make_batch(rewards, groups)), expected)
 
 
 def test_bnpo_single_group_is_uniform_beta_and_range_is_checked():
-    close(A.bnpo(make_batch([1, 0, 0, 0], [0, 0, 0, 0])), [0.75, -0.25, -0.25, -0.25])
+    close(bnpo(make_batch([1, 0, 0, 0], [0, 0, 0, 0])), [0.75, -0.25, -0.25, -0.25])
     with pytest.raises(ValueError, match="max_value"):
-        A.bnpo(make_batch([1.2, 0], [0, 0]))
+        bnpo(make_batch([1.2, 0], [0, 0]))
     # rewards in [0, 2] mapped to [0, 1] with max_value=2
-    close(A.bnpo(make_batch([2, 0], [0, 0]), max_value=2.0), [0.5, -0.5])
+    close(bnpo(make_batch([2, 0], [0, 0]), max_value=2.0), [0.5, -0.5])
 
 
 def test_bnpo_decomposition_averages_per_term_advantages():
@@ -132,7 +138,7 @@ def test_bnpo_decomposition_averages_per_term_advantages():
     b = make_batch([1.2, 0.2, 0, 0], [0, 0, 0, 0], terms=terms, weights=[1.0, 0.2])
     t0 = [0.75, -0.25, -0.25, -0.25]
     t1 = [0.5, 0.5, -0.5, -0.5]
-    close(A.bnpo(b, decompose=True), [(x + y) / 2 for x, y in zip(t0, t1)])
+    close(bnpo(b, decompose=True), [(x + y) / 2 for x, y in zip(t0, t1)])
 
 
 # ---- GDPO -------------------------------------------------------------------------------------------
@@ -143,13 +149,13 @@ def test_gdpo_normalises_each_term_in_its_group_then_the_batch():
     z = 1 / math.sqrt(2)                         # (±0.5) / Bessel std of two values (√0.5)
     total = [z, -z, 0.5 * z, -0.5 * z]           # term 0 varies in group 0, term 1 in group 1
     s = math.sqrt(sum(t * t for t in total) / 3)
-    close(A.gdpo(b), [t / s for t in total], tol=1e-4)
-    close(A.gdpo(b, batch_normalize=False), total, tol=1e-4)
+    close(gdpo(b), [t / s for t in total], tol=1e-4)
+    close(gdpo(b, batch_normalize=False), total, tol=1e-4)
 
 
 def test_gdpo_zero_variance_everywhere_is_zero():
     b = make_batch([1, 1], [0, 0], terms=[[1, 0], [1, 0]])
-    close(A.gdpo(b), [0, 0])
+    close(gdpo(b), [0, 0])
 
 
 # ---- GAE --------------------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ def test_gdpo_zero_variance_everywhere_is_zero():
 def test_gae_lambda_one_is_return_minus_value():
     b = make_batch([1.0, 0.0, 1.0], [0, 0, 1], lengths=[3, 2, 0], width=3)
     b.values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 9.9], [7.0, 7.0, 7.0]])  # padding values ignored
-    adv = A.gae(b, gamma=1.0, lam=1.0, whiten=False)
+    adv = gae(b, gamma=1.0, lam=1.0, whiten=False)
     close(adv, [[0.5, 0.8, 0.9], [-0.3, -0.4, 0.0], [0.0, 0.0, 0.0]])
     close(b.extras["returns"], [[1, 1, 1], [0, 0, 0], [0, 0, 0]])
 
@@ -169,26 +175,26 @@ def test_gae_discounting_by_hand():
     a2 = 0.9
     a1 = -0.11 + 0.45 * a2
     a0 = -0.32 + 0.45 * a1
-    close(A.gae(b, gamma=0.9, lam=0.5, whiten=False), [[a0, a1, a2]])
+    close(gae(b, gamma=0.9, lam=0.5, whiten=False), [[a0, a1, a2]])
     close(b.extras["returns"], [[a0 + 0.5, a1 + 0.2, a2 + 0.1]])
 
 
 def test_gae_whitening_and_missing_values():
     b = make_batch([1.0, 0.0], [0, 0], lengths=[2, 2])
     b.values = torch.zeros(2, 2)
-    adv = A.gae(b, gamma=1.0, lam=1.0, whiten=True, eps=0.0)   # raw 1, 1, 0, 0 → ±0.5 / sqrt(1/3)
+    adv = gae(b, gamma=1.0, lam=1.0, whiten=True, eps=0.0)   # raw 1, 1, 0, 0 → ±0.5 / sqrt(1/3)
     s = math.sqrt(1 / 3)
     close(adv, [[0.5 / s, 0.5 / s], [-0.5 / s, -0.5 / s]])
     with pytest.raises(ValueError, match="critic"):
-        A.gae(make_batch([1.0], [0]))
+        gae(make_batch([1.0], [0]))
 
 
 # ---- plain reward -----------------------------------------------------------------------------------
 
 def test_raw_reward_baselines():
     b = make_batch([1.0, 0.0, 0.5, 0.5], [0, 0, 1, 1])
-    close(A.raw_reward(b), [1, 0, 0.5, 0.5])
-    close(A.raw_reward(b, baseline="batch"), [0.5, -0.5, 0, 0])
-    close(A.raw_reward(b, baseline="group"), [0.5, -0.5, 0, 0])
+    close(raw_reward(b), [1, 0, 0.5, 0.5])
+    close(raw_reward(b, baseline="batch"), [0.5, -0.5, 0, 0])
+    close(raw_reward(b, baseline="group"), [0.5, -0.5, 0, 0])
     with pytest.raises(ValueError, match="baseline"):
-        A.raw_reward(b, baseline="median")
+        raw_reward(b, baseline="median")

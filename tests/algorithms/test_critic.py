@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.algorithms.batches import make_batch, tiny_policy, token_batch
-from rlexp.algorithms.advantages import gae
+from rlexp.algorithms.advantages.gae import gae
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.critic import Critic, ValueModel
-from rlexp.algorithms.losses import ppo_clip
+from rlexp.algorithms.critics.ppo import Critic, ValueModel
+from rlexp.algorithms.losses.clip import ppo_clip
+from tests.algorithms.batches import tiny_policy, token_batch
 
 
 def test_clipped_value_loss_by_hand():

@@ -5,12 +5,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.algorithms.batches import make_batch
-from rlexp.algorithms import group_stages as S
 from rlexp.algorithms.aggregation import Normaliser
-from rlexp.algorithms.masks import loss_mask
+from rlexp.algorithms.group_stages.baselines import greedy_baseline
+from rlexp.algorithms.group_stages.filters import dynamic_sampling, overlong_mask
+from rlexp.algorithms.group_stages.overlong import overlong_penalty, soft_overlong_punishment
+from rlexp.core.masks import loss_mask
 from rlexp.rewards.terms import RewardTerm
 from rlexp.rollout.hf import RolloutOutput
+from tests.algorithms.batches import make_batch
 
 
 class Refills:
@@ -33,7 +35,7 @@ def ctx_with(sample=None, **settings):
 def test_dynamic_sampling_drops_degenerate_groups_and_refills():
     batch = make_batch([1, 0, 1, 1], [0, 0, 1, 1])                # group 1 has zero variance
     refill = Refills(make_batch([0, 0, 1, 0], [2, 2, 3, 3]))       # group 2 degenerate, group 3 kept
-    out = S.dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=3)
+    out = dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=3)
     assert out.group_ids.tolist() == [0, 0, 3, 3]
     assert out.reward.tolist() == [1, 0, 1, 0]
     assert refill.asked == [1]
@@ -45,32 +47,32 @@ def test_dynamic_sampling_drops_degenerate_groups_and_refills():
 def test_dynamic_sampling_trims_surplus_groups_and_respects_max_rounds():
     batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1])
     refill = Refills(make_batch([1, 0, 0, 1, 1, 0], [2, 2, 3, 3, 4, 4]), make_batch([1, 0], [5, 5]))
-    out = S.dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=1, oversample=1.5)
+    out = dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=1, oversample=1.5)
     assert out.group_ids.tolist() == [2, 2, 3, 3]                  # third kept group is surplus
     assert refill.asked == [3]                                      # ⌈2 · 1.5⌉
-    short = S.dynamic_sampling(make_batch([1, 1, 1, 0], [0, 0, 1, 1]), ctx_with(Refills(), prompts_per_step=2),
+    short = dynamic_sampling(make_batch([1, 1, 1, 0], [0, 0, 1, 1]), ctx_with(Refills(), prompts_per_step=2),
                                max_rounds=0)
     assert short.group_ids.tolist() == [1, 1] and short.stats["dynamic_sampling/rounds"] == 0
 
 
 def test_dynamic_sampling_keeps_the_batch_when_nothing_varies():
     batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1])
-    out = S.dynamic_sampling(batch, ctx_with(Refills(make_batch([0, 0], [2, 2])), prompts_per_step=2), max_rounds=1)
+    out = dynamic_sampling(batch, ctx_with(Refills(make_batch([0, 0], [2, 2])), prompts_per_step=2), max_rounds=1)
     assert out.group_ids.tolist() == [0, 0, 1, 1] and out.stats["dynamic_sampling/kept_groups"] == 0
 
 
 def test_dynamic_sampling_filters_on_a_named_term():
     terms = [[1, 0], [1, 1], [0, 1], [1, 1]]     # term t0 varies only in group 1, term t1 only in group 0
     batch = make_batch(None, [0, 0, 1, 1], terms=terms)
-    out = S.dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="t0", max_rounds=0)
+    out = dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="t0", max_rounds=0)
     assert out.group_ids.tolist() == [1, 1]
     with pytest.raises(KeyError, match="accuracy"):
-        S.dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="accuracy")
+        dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="accuracy")
 
 
 def test_overlong_mask_removes_truncated_rows_from_the_loss_only():
     batch = make_batch([1, 0, 1], [0, 0, 0], lengths=[2, 3, 1], truncated=[False, True, False])
-    out = S.overlong_mask(batch)
+    out = overlong_mask(batch)
     assert loss_mask(out).tolist() == [[1, 1, 0], [0, 0, 0], [1, 0, 0]]
     assert out.completion_mask.sum() == 6 and out.lengths.tolist() == [2, 3, 1]   # completions untouched
     assert out.stats["overlong/masked_frac"] == pytest.approx(1 / 3)
@@ -81,19 +83,19 @@ def test_overlong_mask_removes_truncated_rows_from_the_loss_only():
 def test_soft_overlong_punishment_by_hand():
     lengths = torch.tensor([5, 6, 9, 10, 12])
     # L_max 10, L_cache 4: free up to 6, then (6 − |y|)/4, −1 beyond L_max
-    assert S.soft_overlong_punishment(lengths, 10, 4).tolist() == [0.0, 0.0, -0.75, -1.0, -1.0]
+    assert soft_overlong_punishment(lengths, 10, 4).tolist() == [0.0, 0.0, -0.75, -1.0, -1.0]
 
 
 def test_overlong_penalty_is_added_as_a_reward_term():
     batch = make_batch([1.0, 0.5], [0, 0], lengths=[2, 9], width=10)
-    out = S.overlong_penalty(batch, ctx_with(max_new_tokens=10), cache_fraction=0.4, weight=0.5)
+    out = overlong_penalty(batch, ctx_with(max_new_tokens=10), cache_fraction=0.4, weight=0.5)
     assert out.reward_names == ["r", "overlong"]
     assert out.rewards[:, 1].tolist() == [0.0, -0.75]
     assert out.reward.tolist() == [1.0, 0.5 - 0.375]
     assert out.reward_weights.tolist() == [1.0, 0.5] and out.reward_failures.shape == (2, 2)
     torch.testing.assert_close(out.rewards @ out.reward_weights, out.reward)
     with pytest.raises(ValueError, match="cache_length"):
-        S.overlong_penalty(make_batch([1.0], [0]), ctx_with(max_new_tokens=10), cache_length=11)
+        overlong_penalty(make_batch([1.0], [0]), ctx_with(max_new_tokens=10), cache_length=11)
 
 
 class FirstLetterIsA(RewardTerm):
@@ -119,7 +121,7 @@ def test_greedy_baseline_scores_one_greedy_completion_per_prompt():
     rollout = GreedyRollout(["ab", "ba"])
     ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout=rollout,
                           reward_terms={"a": FirstLetterIsA()}, settings=None, sample=None, autocast_dtype=None)
-    out = S.greedy_baseline(batch, ctx)
+    out = greedy_baseline(batch, ctx)
     assert rollout.calls == [(["p0", "p1"], 1, True)]
     assert out.extras["greedy_reward"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert out.stats["remax/greedy_reward_mean"] == 0.5
@@ -127,5 +129,5 @@ def test_greedy_baseline_scores_one_greedy_completion_per_prompt():
 
 def test_greedy_baseline_without_rollout_in_context_names_what_is_missing():
     with pytest.raises(RuntimeError, match="reward_terms"):
-        S.greedy_baseline(make_batch([0, 1], [7, 7]),
+        greedy_baseline(make_batch([0, 1], [7, 7]),
                           SimpleNamespace(policy=None, sample=None, rollout=None, reward_terms=None, autocast_dtype=None))

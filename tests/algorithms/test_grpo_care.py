@@ -1,4 +1,4 @@
-"""GRPO-CARE consistency bonus (rlexp.algorithms.care) and the EMA reference, values computed by hand."""
+"""GRPO-CARE consistency bonus (rlexp.algorithms.group_stages.consistency) and the EMA reference, values computed by hand."""
 import json
 import math
 from types import SimpleNamespace
@@ -7,10 +7,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from rlexp.algorithms.batch import RolloutBatch
-from rlexp.algorithms.care import ConsistencyBonus, append_reward_column, care_bonus
-from rlexp.algorithms.reference import ReferenceModel, ema_update
-from rlexp.train import run
+from rlexp.algorithms.group_stages.base import append_reward_column
+from rlexp.algorithms.group_stages.consistency import ConsistencyBonus, care_bonus
+from rlexp.algorithms.regularisers.reference import ReferenceModel, ema_update
+from rlexp.core.batch import RolloutBatch
+from rlexp.runs.training import run
 
 NAN = float("nan")
 

@@ -1,14 +1,14 @@
-"""GRPO-λ switch (rlexp.algorithms.lambda_switch), values computed by hand."""
+"""GRPO-λ switch (rlexp.algorithms.group_stages.length_switch), values computed by hand."""
 import json
 
 import pytest
 import torch
 from hydra.utils import instantiate
 
-from rlexp.algorithms.batch import RolloutBatch
-from rlexp.algorithms.care import append_reward_column
-from rlexp.algorithms.lambda_switch import LambdaSwitch, penalised_groups
-from rlexp.train import run
+from rlexp.algorithms.group_stages.base import append_reward_column
+from rlexp.algorithms.group_stages.length_switch import LambdaSwitch, penalised_groups
+from rlexp.core.batch import RolloutBatch
+from rlexp.runs.training import run
 
 
 def make_batch(acc, lengths, groups):

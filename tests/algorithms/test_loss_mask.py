@@ -5,12 +5,12 @@ import copy
 
 import torch
 
-from tests.algorithms.batches import tiny_policy, token_batch
+from rlexp.algorithms.advantages.group import grpo
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.advantages import grpo
-from rlexp.algorithms.group_stages import overlong_mask
-from rlexp.algorithms.losses import ppo_clip
+from rlexp.algorithms.group_stages.filters import overlong_mask
+from rlexp.algorithms.losses.clip import ppo_clip
 from rlexp.trainer.optimize import policy_update
+from tests.algorithms.batches import tiny_policy, token_batch
 
 
 def _update(batch, aggregation, micro, micro_tokens=None, share=True):

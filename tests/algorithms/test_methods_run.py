@@ -1,4 +1,4 @@
-"""Every method in conf/algorithm/ trains two steps on the tiny model (through ``rlexp.train.run``).
+"""Every method in conf/algorithm/ trains two steps on the tiny model (through ``rlexp.runs.training.run``).
 
 The tiny model's random answers are never correct, so the accuracy term is swapped for a test
 reward that varies between completions (``varying_reward.VowelShare``): groups then have reward
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from rlexp.config.paths import CONF_DIR
+from rlexp.runs.training import run
 from tests.algorithms.varying_reward import VARYING
-from rlexp.train import CONF_DIR, run
 
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "algorithm").glob("*.yaml"))
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2"]  # keep ~20 runs cheap
@@ -38,7 +39,7 @@ def test_method_trains_two_steps(method, tiny_cfg):
 
 
 def test_overlong_masking_stage_in_a_run(tiny_cfg):
-    stage = "{_target_:rlexp.algorithms.group_stages.overlong_mask,_partial_:true}"
+    stage = "{_target_:rlexp.algorithms.group_stages.filters.overlong_mask,_partial_:true}"
     result = run(tiny_cfg(*VARYING, *FAST, "algorithm=dapo", f"algorithm.group_stages=[{stage}]"))
     m = result.metrics
     assert m["overlong/masked_frac"] == pytest.approx(m["length/truncated_frac"])

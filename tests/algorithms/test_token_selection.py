@@ -6,8 +6,9 @@ from omegaconf import OmegaConf
 
 from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.losses import ppo_clip, reinforce
-from rlexp.algorithms.token_selection import high_entropy_mask
+from rlexp.algorithms.losses.clip import ppo_clip
+from rlexp.algorithms.losses.reinforce import reinforce
+from rlexp.algorithms.regularisers.entropy import high_entropy_mask
 
 
 def test_top_half_by_entropy():
@@ -74,8 +75,8 @@ def test_invalid_quantile_names_the_key():
 
 def test_config_option_instantiates():
     cfg = OmegaConf.create({"_target_": "rlexp.algorithms.algorithm.Algorithm", "name": "x",
-                            "advantage": {"_target_": "rlexp.algorithms.advantages.grpo", "_partial_": True},
-                            "loss": {"_target_": "rlexp.algorithms.losses.ppo_clip", "_partial_": True},
+                            "advantage": {"_target_": "rlexp.algorithms.advantages.group.grpo", "_partial_": True},
+                            "loss": {"_target_": "rlexp.algorithms.losses.clip.ppo_clip", "_partial_": True},
                             "top_entropy_quantile": 0.2})
     algo = instantiate(cfg, _convert_="all")
     assert algo.top_entropy_quantile == 0.2 and algo.loss.func is ppo_clip

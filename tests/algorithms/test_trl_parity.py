@@ -21,10 +21,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from tests.algorithms.batches import make_batch
-from tests.conftest import compose_train, TINY
-from rlexp.algorithms.advantages import gdpo, normalize_rewards
+from rlexp.algorithms.advantages.group import normalize_rewards
+from rlexp.algorithms.advantages.multi_reward import gdpo
 from rlexp.algorithms.aggregation import Normaliser, aggregate
+from tests.algorithms.batches import make_batch
+from tests.conftest import TINY, compose_train
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 from trl.trainer.utils import nanstd  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 from hydra.utils import get_class, get_method
 from omegaconf import OmegaConf
 
-from rlexp.train import CONF_DIR
+from rlexp.config.paths import CONF_DIR
 
 GROUPS = ["model", "dataset", "prompt", "reward", "algorithm", "rollout", "tracker", "optimizer"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from rlexp.config.schema import ConfigError, validate
-from rlexp.train import run
+from rlexp.runs.training import run
 
 
 @pytest.mark.parametrize("override,key", [
@@ -37,7 +37,7 @@ def test_unknown_trainer_key_is_rejected(tiny_cfg):
 
 
 def test_unknown_group_option_lists_valid_ones():
-    out = subprocess.run([sys.executable, "-m", "rlexp.train", "algorithm=not_a_method", "--cfg", "job"],
+    out = subprocess.run([sys.executable, "-m", "rlexp.commands.train", "algorithm=not_a_method", "--cfg", "job"],
                          capture_output=True, text=True)
     assert out.returncode != 0
     assert "not_a_method" in out.stderr and "Available options" in out.stderr and "grpo" in out.stderr

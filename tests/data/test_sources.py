@@ -1,8 +1,8 @@
 import pytest
 
 from rlexp.data.prompts import PromptFormat
-from rlexp.data.sampler import PromptSampler
 from rlexp.data.sources import gsm8k, parse_gsm8k_answer, reasoning_gym_task
+from rlexp.samplers.shuffle import PromptSampler
 
 FIXTURE = "tests/fixtures/data/gsm8k_sample.jsonl"
 

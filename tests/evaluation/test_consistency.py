@@ -98,8 +98,8 @@ def test_config_errors_name_the_key():
 def tiny():
     from omegaconf import OmegaConf
 
+    from rlexp.config.paths import CONF_DIR
     from rlexp.models.loading import load_model
-    from rlexp.train import CONF_DIR
     return load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
 
 
@@ -122,7 +122,7 @@ def test_likelihood_counts_missing_answers_as_inconsistent(tiny):
 
 
 def test_bind_reuses_a_frozen_reference_or_freezes_a_copy(tiny):
-    from rlexp.algorithms.reference import ReferenceModel
+    from rlexp.algorithms.regularisers.reference import ReferenceModel
     meter = ConsistencyMeter()
     ref = ReferenceModel(tiny.model, "frozen")
     meter.bind(tiny.model, ref)
@@ -148,9 +148,9 @@ def test_real_model_rederives_and_prefers_supported_answers():
     and it gives the supported answer a far higher likelihood than a contradicted one."""
     from omegaconf import OmegaConf
 
+    from rlexp.config.paths import CONF_DIR
     from rlexp.data.prompts import PromptFormat
     from rlexp.models.loading import load_model
-    from rlexp.train import CONF_DIR
     lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/smollm2_135m.yaml"), torch.device("cpu"))
     hash_prompt = OmegaConf.load(f"{CONF_DIR}/prompt/hash.yaml")
     pf = PromptFormat(hash_prompt.system_prompt, hash_prompt.instruction, "hash")

@@ -1,12 +1,11 @@
 """`rlexp eval` end to end on the tiny model (its outputs are noise; what is tested is that the
 numbers logged to MLflow, the summary and the per-problem JSONL agree with each other)."""
 import json
-import math
 
 import pytest
 
-from rlexp.evaluate import resolve_checkpoint, run_eval
 from rlexp.evaluation.metrics import pass_at_k
+from rlexp.runs.evaluation import resolve_checkpoint, run_eval
 from tests.conftest import compose_train
 
 TINY_EVAL = ["model=tiny", "trainer.max_new_tokens=12", "eval.bootstrap=50"]
@@ -78,7 +77,7 @@ def test_humaneval_executes_generated_code(tmp_path):
 
 
 def test_checkpoint_of_a_training_run_is_evaluated_at_its_step(tmp_path, tiny_cfg):
-    from rlexp.train import run
+    from rlexp.runs.training import run
     train_cfg = tiny_cfg("trainer.max_steps=1", "trainer.checkpoint_every=1")
     run(train_cfg)
     train_dir = tmp_path / "run"

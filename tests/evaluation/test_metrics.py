@@ -5,8 +5,15 @@ import random
 
 import pytest
 
-from rlexp.evaluation.metrics import (bootstrap_ci, cluster_answers, maj_at_k, majority_pick, pass_at_k, resolve_ks,
-                                      summarize)
+from rlexp.evaluation.metrics import (
+    bootstrap_ci,
+    cluster_answers,
+    maj_at_k,
+    majority_pick,
+    pass_at_k,
+    resolve_ks,
+    summarize,
+)
 
 
 def test_pass_at_k_by_hand_n5_c2():

@@ -5,7 +5,7 @@ import json
 from hydra.utils import instantiate
 
 from rlexp.evaluation.sources import ReasoningGymSource
-from rlexp.train import run
+from rlexp.runs.training import run
 from tests.conftest import compose_train
 
 

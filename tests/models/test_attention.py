@@ -3,9 +3,9 @@ import copy
 import pytest
 import torch
 
+from rlexp.core.forward import token_logprobs
 from rlexp.models.attention import NAME, sdpa_or_matmul, use_cpu_matmul_grad_attention
 from rlexp.rollout.hf import HFRollout
-from rlexp.trainer.policy import token_logprobs
 from tests.conftest import chat_prompts
 
 

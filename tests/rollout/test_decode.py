@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from rlexp.core.forward import token_logprobs
 from rlexp.rollout.decode import Sampling, pick_tokens, sample_categorical
 from rlexp.rollout.hf import HFRollout
-from rlexp.trainer.policy import token_logprobs
 from tests.conftest import chat_prompts
 
 
@@ -91,6 +91,7 @@ def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
     """On CUDA: replaying the captured graph gives the eager steps' greedy tokens (``capture``: the same
     kernels; Inductor's may round differently) and sampled log-probs that match the training forward."""
     import copy
+
     from rlexp.rollout.decode import DecodeLoop
     model = copy.deepcopy(tiny.model).to("cuda")
     tok = tiny.tokenizer

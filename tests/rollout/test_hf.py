@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from rlexp.core.forward import token_logprobs
 from rlexp.rollout.hf import HFRollout, completion_mask_from_ids
-from rlexp.trainer.policy import token_logprobs
 from tests.conftest import chat_prompts
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from rlexp.core.forward import token_logprobs
 from rlexp.rollout.vllm import VLLMRollout
-from rlexp.trainer.policy import token_logprobs
 from tests.conftest import TINY, chat_prompts, compose_train
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None

@@ -12,9 +12,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from rlexp.config.paths import CONF_DIR
 from rlexp.sweeping.search_space import build_search_space
 from rlexp.sweeping.spaces import fixed_sample_budget
-from rlexp.train import CONF_DIR
 
 SWEEPS = sorted(p.stem for p in Path(CONF_DIR, "sweep").glob("*.yaml"))
 TARGET = "hydra_plugins.rlexp_optuna_sweeper.rlexp_optuna_sweeper.RLExpOptunaSweeper"

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.rlexp_optuna_sweeper import config as plugin_config
-from rlexp.train import CONF_DIR
+from rlexp.config.paths import CONF_DIR
 
 from .test_sweep_runner import load, make_sweep
 

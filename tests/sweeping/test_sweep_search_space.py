@@ -6,8 +6,14 @@ from optuna.distributions import CategoricalDistribution as Cat
 from optuna.distributions import FloatDistribution as Float
 from optuna.distributions import IntDistribution as Int
 
-from rlexp.sweeping.search_space import (SearchSpaceError, build_search_space, distribution_from_dict,
-                                         distribution_from_override, format_value, grid_values)
+from rlexp.sweeping.search_space import (
+    SearchSpaceError,
+    build_search_space,
+    distribution_from_dict,
+    distribution_from_override,
+    format_value,
+    grid_values,
+)
 
 
 def parse(line: str):

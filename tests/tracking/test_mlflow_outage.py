@@ -8,10 +8,10 @@ import time
 
 from mlflow import MlflowClient
 
-from rlexp.replay import main as replay_main
-from rlexp.replay import replay
+from rlexp.commands.replay import main as replay_main
+from rlexp.runs.training import run
 from rlexp.tracking.base import read_jsonl
-from rlexp.train import run
+from rlexp.tracking.replay import replay
 
 
 def steps_per_metric(client, run_id, rows):

@@ -6,9 +6,9 @@ import logging
 import pytest
 from mlflow import MlflowClient
 
-from rlexp.replay import replay
+from rlexp.runs.training import run
 from rlexp.tracking.base import read_jsonl
-from rlexp.train import run
+from rlexp.tracking.replay import replay
 from tests.tracking.test_mlflow_outage import At, expected_steps, steps_per_metric, tracker_overrides
 
 pytestmark = pytest.mark.slow

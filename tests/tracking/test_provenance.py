@@ -7,7 +7,8 @@ import yaml
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from rlexp.train import flatten, run
+from rlexp.runs.training import run
+from rlexp.tracking.params import flatten
 
 
 def test_provenance_fields_reach_mlflow(tiny_cfg, tmp_path, monkeypatch):

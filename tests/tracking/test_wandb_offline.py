@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
+from rlexp.runs.training import run
 from rlexp.tracking.base import read_jsonl
 from rlexp.tracking.wandb_tracker import WandbTracker, read_offline_run
-from rlexp.train import run
 
 
 def test_offline_by_default_and_online_with_a_key(monkeypatch):

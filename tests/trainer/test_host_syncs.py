@@ -6,9 +6,9 @@ equivalents of CUDA synchronisations."""
 import pytest
 import torch
 
-from rlexp.algorithms.advantages import grpo
+from rlexp.algorithms.advantages.group import grpo
 from rlexp.algorithms.algorithm import Algorithm
-from rlexp.algorithms.losses import ppo_clip
+from rlexp.algorithms.losses.clip import ppo_clip
 from rlexp.rollout.decode import Sampling
 from rlexp.trainer.optimize import policy_update
 from tests.algorithms.batches import tiny_policy, token_batch

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from rlexp.core.forward import token_logprobs, trim_window
+from rlexp.core.micro_batches import micro_batches
 from rlexp.rollout.hf import HFRollout
-from rlexp.trainer.optimize import micro_batches
-from rlexp.trainer.policy import token_logprobs, trim_window
 from tests.conftest import chat_prompts
 
 
@@ -61,8 +61,8 @@ def test_micro_batches_cut_rows_by_length_longest_first():
     ([4, 1, 3, 1], False, [[0, 2], [1, 3]], [14, 8]),   # one forward per row: by length, prompts counted per row
 ])
 def test_plan_takes_the_cut_with_fewer_padded_positions(lengths, share, plan, positions):
+    from rlexp.core.micro_batches import plan_micro_batches
     from tests.algorithms.batches import make_batch
-    from rlexp.trainer.optimize import plan_micro_batches
     batch = make_batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], lengths=lengths)
     batch.prompt_ids = torch.tensor([[7, 8, 9], [7, 8, 9], [4, 5, 6], [4, 5, 6]])
     mbs = plan_micro_batches(batch, 2, share_prompts=share)
@@ -107,7 +107,7 @@ def _reference(logits, tokens, temperature):
 def test_selected_logprobs_match_full_log_softmax_values_and_gradients(dtype, temperature, chunk):
     """The chunked log-prob (custom backward) equals log_softmax + gather, in value and in gradient,
     whatever the chunking; the entropy equals −Σ p log p."""
-    from rlexp.trainer.policy import selected_logprobs
+    from rlexp.core.forward import selected_logprobs
     torch.manual_seed(0)
     logits = (torch.randn(3, 5, 11, dtype=torch.float64) * 3).to(dtype)
     tokens = torch.randint(0, 11, (3, 5))
@@ -128,7 +128,8 @@ def test_selected_logprobs_hand_computed():
     """Two tokens, logits (0, ln 3) at τ = 1: p = (1/4, 3/4); log p(token 1) = ln 3/4,
     entropy = −(¼ ln ¼ + ¾ ln ¾); ∂ log p(1)/∂logits = onehot(1) − p = (−¼, ¼)."""
     import math
-    from rlexp.trainer.policy import selected_logprobs
+
+    from rlexp.core.forward import selected_logprobs
     logits = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64, requires_grad=True)
     lp, ent = selected_logprobs(logits, torch.tensor([[1]]), 1.0, with_entropy=True)
     lp.sum().backward()
@@ -142,8 +143,8 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
     log-probs with the plan's ``prompt_groups`` as with ``torch.unique`` on the device: rows of a
     micro-batch with one prompt share it, and one row alone has nothing to share. Padded positions count
     a shared prompt once."""
-    from rlexp.algorithms.batch import RolloutBatch
-    from rlexp.trainer.optimize import plan_micro_batches
+    from rlexp.core.batch import RolloutBatch
+    from rlexp.core.micro_batches import plan_micro_batches
     lm, out = rollout_batch
     n = out.completion_ids.shape[0]
     batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
@@ -176,7 +177,7 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
 
 
 def test_prompt_groups_from_host_labels():
-    from rlexp.trainer.policy import PromptGroups
+    from rlexp.core.forward import PromptGroups
     g = PromptGroups.from_index(torch.tensor([5, 5, 2, 7, 2]), torch.device("cpu"))
     assert g.inverse.tolist() == [1, 1, 0, 2, 0]
     labels = torch.tensor([5, 5, 2, 7, 2])

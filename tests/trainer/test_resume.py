@@ -5,7 +5,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from rlexp.train import run
+from rlexp.runs.training import run
 
 
 class CrashAt:

@@ -1,0 +1,192 @@
+"""Structured configs of the ``rlexp_optuna`` sweeper (``hydra/sweeper=rlexp_optuna``) and of its
+``hydra/sweeper/sampler`` and ``hydra/sweeper/pruner`` groups.
+
+Imported by Hydra's plugin discovery on every run, so this module imports nothing heavy (no optuna).
+Field names follow the upstream ``hydra-optuna-sweeper`` where the two overlap (``sampler``,
+``direction``, ``storage``, ``study_name``, ``n_trials``, ``n_jobs``, ``max_failure_rate``,
+``params``, ``custom_search_space``), so its configs and command lines carry over.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+PROVIDER = "rlexp_optuna_sweeper"
+
+
+# ---- samplers (hydra/sweeper/sampler=<name>) ---------------------------------------------------
+@dataclass
+class SamplerConfig:
+    _target_: str = MISSING
+    seed: Optional[int] = None
+
+
+@dataclass
+class TPESamplerConfig(SamplerConfig):
+    """https://optuna.readthedocs.io/en/stable/reference/samplers/generated/optuna.samplers.TPESampler.html"""
+    _target_: str = "optuna.samplers.TPESampler"
+    n_startup_trials: int = 10
+    n_ei_candidates: int = 24
+    multivariate: Optional[bool] = None
+    group: bool = False
+    constant_liar: bool = True           # trials in flight count as "pending" so parallel workers spread out
+
+
+@dataclass
+class RandomSamplerConfig(SamplerConfig):
+    _target_: str = "optuna.samplers.RandomSampler"
+
+
+@dataclass
+class CmaEsSamplerConfig(SamplerConfig):
+    """Needs the ``cmaes`` package. Continuous/int parameters only (categoricals fall back to random)."""
+    _target_: str = "optuna.samplers.CmaEsSampler"
+    sigma0: Optional[float] = None
+    n_startup_trials: int = 1
+    restart_strategy: Optional[str] = None
+    popsize: Optional[int] = None
+    use_separable_cma: bool = False
+    with_margin: bool = False
+    consider_pruned_trials: bool = False
+    warn_independent_sampling: bool = True
+
+
+@dataclass
+class GPSamplerConfig(SamplerConfig):
+    """Gaussian-process Bayesian optimisation (needs torch and scipy)."""
+    _target_: str = "optuna.samplers.GPSampler"
+    n_startup_trials: int = 10
+    deterministic_objective: bool = False
+
+
+@dataclass
+class NSGAIISamplerConfig(SamplerConfig):
+    """Multi-objective genetic algorithm (also works single-objective)."""
+    _target_: str = "optuna.samplers.NSGAIISampler"
+    population_size: int = 50
+    mutation_prob: Optional[float] = None
+    crossover_prob: float = 0.9
+    swapping_prob: float = 0.5
+
+
+@dataclass
+class GridSamplerConfig(SamplerConfig):
+    """Every combination of the (discrete) search space; ``n_trials`` is capped at the grid size.
+    The grid itself is built from ``hydra.sweeper.params``."""
+    _target_: str = "optuna.samplers.GridSampler"
+
+
+@dataclass
+class QMCSamplerConfig(SamplerConfig):
+    _target_: str = "optuna.samplers.QMCSampler"
+    qmc_type: str = "sobol"
+    scramble: bool = False
+
+
+# ---- pruners (hydra/sweeper/pruner=<name>) -----------------------------------------------------
+@dataclass
+class NopPrunerConfig:
+    """No pruning; intermediate values are still reported (they show in optuna-dashboard)."""
+    _target_: str = "optuna.pruners.NopPruner"
+
+
+@dataclass
+class MedianPrunerConfig:
+    _target_: str = "optuna.pruners.MedianPruner"
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class PercentilePrunerConfig:
+    _target_: str = "optuna.pruners.PercentilePruner"
+    percentile: float = 25.0
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
+class SuccessiveHalvingPrunerConfig:
+    _target_: str = "optuna.pruners.SuccessiveHalvingPruner"
+    min_resource: Any = "auto"           # int or "auto"
+    reduction_factor: int = 4
+    min_early_stopping_rate: int = 0
+    bootstrap_count: int = 0
+
+
+@dataclass
+class HyperbandPrunerConfig:
+    _target_: str = "optuna.pruners.HyperbandPruner"
+    min_resource: int = 1
+    max_resource: Any = "auto"           # int (usually trainer.max_steps) or "auto"
+    reduction_factor: int = 3
+    bootstrap_count: int = 0
+
+
+@dataclass
+class ThresholdPrunerConfig:
+    _target_: str = "optuna.pruners.ThresholdPruner"
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+
+
+# ---- the sweeper (hydra/sweeper=rlexp_optuna) --------------------------------------------------
+@dataclass
+class RLExpOptunaSweeperConf:
+    _target_: str = "hydra_plugins.rlexp_optuna_sweeper.rlexp_optuna_sweeper.RLExpOptunaSweeper"
+    _recursive_: bool = False            # sampler/pruner arrive as configs: built per trial / per job
+    defaults: List[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
+
+    sampler: Any = MISSING
+    pruner: Any = MISSING
+    # "minimize" | "maximize", or a list of them (one per objective: multi-objective)
+    direction: Any = "maximize"
+    # metric name(s) read from the job's returned metrics, one per direction, e.g. eval/accuracy,
+    # length/mean, eval/<bench>/pass@1 (= eval/<bench>/pass_at_1). A job returning a float or a
+    # list of floats (as with the upstream plugin) is used as is.
+    objective: Any = "eval/accuracy"
+    # metric reported at every training step where it is present, for pruning (default: the objective)
+    report_metric: Optional[str] = None
+    # Optuna storage: null = SQLite file <sweep dir>/<study_name>.db; any SQLAlchemy URL
+    # (sqlite:///..., postgresql://...); or journal:<path> for an Optuna journal file
+    storage: Optional[str] = None
+    study_name: Optional[str] = None     # null: the Hydra job name
+    n_trials: int = 20                   # trials of the whole study (a resumed/second worker adds up to it)
+    n_jobs: int = 1                      # trials in flight at once (through the launcher)
+    # stop launching once more than this share of n_trials has failed in this sweep process
+    max_failure_rate: float = 0.25
+    params: Optional[Dict[str, Any]] = None
+    # dotted path of fn(cfg, trial) -> None | dict of extra overrides (derived values), upstream's hook
+    custom_search_space: Optional[str] = None
+    heartbeat_interval: float = 30.0     # s; a RUNNING trial whose heartbeat is older than grace_period
+    grace_period: Optional[float] = None  # (default 4 x heartbeat_interval) is taken as interrupted and retried
+    plots: bool = True                   # optimisation-history / Pareto / importance PNGs in the sweep dir
+    # config node of the train app that receives the trial identity (trial.storage/study/number);
+    # null for apps without one (then jobs cannot report intermediate values, so nothing is pruned)
+    trial_key: Optional[str] = "trial"
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="hydra/sweeper", name="rlexp_optuna", node=RLExpOptunaSweeperConf, provider=PROVIDER)
+    samplers = {"tpe": TPESamplerConfig, "random": RandomSamplerConfig, "cmaes": CmaEsSamplerConfig,
+                "gp": GPSamplerConfig, "nsgaii": NSGAIISamplerConfig, "grid": GridSamplerConfig,
+                "qmc": QMCSamplerConfig}
+    for name, node in samplers.items():
+        cs.store(group="hydra/sweeper/sampler", name=name, node=node, provider=PROVIDER)
+    pruners = {"none": NopPrunerConfig, "median": MedianPrunerConfig, "percentile": PercentilePrunerConfig,
+               "successive_halving": SuccessiveHalvingPrunerConfig, "hyperband": HyperbandPrunerConfig,
+               "threshold": ThresholdPrunerConfig}
+    for name, node in pruners.items():
+        cs.store(group="hydra/sweeper/pruner", name=name, node=node, provider=PROVIDER)
+
+
+register_configs()

@@ -1,0 +1,37 @@
+"""The aggregation modes (verl's names): ``mode(per_token, mask, norm) -> scalar``, each the
+micro-batch's share of the whole-batch loss, from the whole-batch counts in ``norm``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlexp.core.registry import AGGREGATIONS
+
+if TYPE_CHECKING:
+    from rlexp.algorithms.aggregation import Normaliser
+
+
+@AGGREGATIONS.register(name="token-mean")
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """Σ l·m / tokens of the whole batch (DAPO, 2025; TRL's ``dapo``)."""
+    return (per_token * mask).sum() / max(norm.total_tokens, 1.0)
+
+
+@AGGREGATIONS.register(name="seq-mean-token-mean")
+def seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """Mean over rows of each row's token mean (GRPO, 2024; TRL's ``grpo``)."""
+    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / max(norm.total_rows, 1.0)
+
+
+@AGGREGATIONS.register(name="seq-mean-token-sum")
+def seq_mean_token_sum(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """Mean over rows of each row's token sum."""
+    return (per_token * mask).sum(-1).sum() / max(norm.total_rows, 1.0)
+
+
+@AGGREGATIONS.register(name="seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """Σ l·m / (rows · norm_length), a constant normaliser (Dr. GRPO, 2025)."""
+    return (per_token * mask).sum(-1).sum() / (max(norm.total_rows, 1.0) * norm.norm_length)

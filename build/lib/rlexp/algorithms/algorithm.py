@@ -1,0 +1,107 @@
+"""A method = one advantage estimator + one policy loss + an aggregation mode + regularisers +
+group stages, each a small part named by ``_target_`` in ``conf/algorithm/<method>.yaml``.
+
+``Algorithm.token_loss`` assembles the per-token loss the trainer aggregates: the policy loss, the
+high-entropy token selection (``top_entropy_quantile``), the KL term (``kl.mode=loss``) and the
+entropy bonus. A ``critic`` (PPO) adds its value stage after the configured group stages and is
+updated by the trainer after the policy."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from rlexp.algorithms.aggregation import MODES
+from rlexp.algorithms.families import FAMILIES
+from rlexp.algorithms.losses.base import LossOutput
+from rlexp.algorithms.regularisers.entropy import high_entropy_mask
+from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
+from rlexp.algorithms.regularisers.reference import KINDS
+
+
+@dataclass
+class KLSettings:
+    coef: float = 0.0
+    estimator: str = "k3"
+    mode: str = "loss"  # "loss": β·KL added per token; "reward": β·Σ_t KL subtracted from the reward
+
+
+@dataclass
+class ReferenceSettings:
+    kind: str = "frozen"
+    ema_decay: float = 0.995
+    ema_interval: int = 10
+
+
+@dataclass
+class Algorithm:
+    name: str
+    advantage: Callable
+    loss: Callable
+    paper: str = ""
+    family: str = ""                    # rlexp.algorithms.families.FAMILIES (`rlexp list algorithms`)
+    aggregation: str = "token-mean"
+    count_empty_rows: bool = False
+    norm_length: float | None = None
+    kl: KLSettings = field(default_factory=KLSettings)
+    reference: ReferenceSettings = field(default_factory=ReferenceSettings)
+    entropy_coef: float = 0.0
+    group_stages: list = field(default_factory=list)
+    mechanism: str = ""                 # one line for `rlexp list algorithms`
+    top_entropy_quantile: float = 1.0   # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
+    critic: Any = None                  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
+
+    def __post_init__(self):
+        if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
+            self.kl = KLSettings(**dict(self.kl))
+        if not isinstance(self.reference, ReferenceSettings):
+            self.reference = ReferenceSettings(**dict(self.reference))
+        self.group_stages = list(self.group_stages or [])
+        if self.family and self.family not in FAMILIES:
+            raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
+        if self.aggregation not in MODES:
+            raise ValueError(f"algorithm.aggregation={self.aggregation!r} is not one of {MODES}")
+        if self.kl.estimator not in ESTIMATORS:
+            raise ValueError(f"algorithm.kl.estimator={self.kl.estimator!r} is not one of {ESTIMATORS}")
+        if self.kl.mode not in ("loss", "reward"):
+            raise ValueError(f"algorithm.kl.mode={self.kl.mode!r} is not one of ['loss', 'reward']")
+        if self.kl.coef < 0:
+            raise ValueError(f"algorithm.kl.coef must be >= 0, got {self.kl.coef}")
+        if self.reference.kind not in KINDS:
+            raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
+        if self.needs_reference and self.reference.kind == "none":
+            raise ValueError("algorithm.reference.kind=none but the KL term or a group stage needs a reference model")
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} must be in (0, 1]")
+        if self.critic is not None:
+            if not hasattr(self.critic, "stage") or not hasattr(self.critic, "update"):
+                raise ValueError(f"algorithm.critic must be a rlexp.algorithms.critics.ppo.Critic, got {type(self.critic).__name__}")
+            self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.coef > 0 or any(getattr(s, "needs_reference", False) for s in self.group_stages)
+
+    def token_loss(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                   entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None) -> LossOutput:
+        """Per-token loss of one micro-batch (before aggregation) and its per-token statistics."""
+        out = self.loss(logp, old_logp, advantages, mask)
+        per_token, stats = out.per_token, dict(out.token_stats)
+        if self.top_entropy_quantile < 1.0:
+            if entropy is None:
+                raise ValueError("algorithm.top_entropy_quantile < 1 needs token entropies")
+            keep = high_entropy_mask(entropy, mask, self.top_entropy_quantile)
+            per_token = per_token * keep
+            stats["entropy/selected_frac"] = keep.float()
+        if self.kl.coef > 0 and self.kl.mode == "loss":
+            if ref_logp is None:
+                raise ValueError("algorithm.kl.mode=loss needs reference log-probs")
+            kl = kl_estimate(logp, ref_logp, self.kl.estimator)
+            per_token = per_token + self.kl.coef * kl
+            stats["kl/mean"] = kl.detach()
+        if self.entropy_coef:
+            if entropy is None:
+                raise ValueError("algorithm.entropy_coef needs token entropies")
+            per_token = per_token - self.entropy_coef * entropy
+        return LossOutput(per_token, stats)

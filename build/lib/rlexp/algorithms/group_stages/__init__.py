@@ -1,0 +1,11 @@
+"""Group stages: ``stage(batch, ctx) -> batch``, run in order after the rewards and before the
+advantages (listed in ``algorithm.group_stages``; configs bind their settings with ``_partial_``).
+
+* ``dynamic_sampling``  DAPO's dynamic sampling: drop groups whose rewards do not vary, refill
+                         with fresh groups through ``ctx.sample`` (at most ``max_rounds`` rounds).
+* ``overlong_mask``     DAPO's overlong filtering: truncated completions leave the loss.
+* ``overlong_penalty``  DAPO's soft overlong punishment, added as a reward term ``overlong``.
+* ``greedy_baseline``   ReMax's baseline: the reward of one greedy completion per prompt.
+
+(DAPO: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025.)
+"""

@@ -1,0 +1,152 @@
+"""GRPO-CARE's adaptive consistency bonus ("GRPO-CARE: Consistency-Aware Reinforcement Learning for
+Multimodal Reasoning", 2025), as a group stage.
+
+What the released code does (TencentARC/GRPO-CARE, commit 03c3a7c,
+``src/r1-v/src/open_r1/trainer/grpo_trainer_ref_ema.py``; settings from
+``scripts/run_grpo_care_margin0_seed_bench_r1.sh``), restated:
+
+1. Confidence of a sample = exp(mean log-prob of its answer tokens) under the *reference* model,
+   given the prompt and the sample's own reasoning; capped at ``confidence_cap`` (0.95).
+2. Over the local batch of one device (one prompt × G = 8 completions in the released script, i.e.
+   one group), a sample is *accurate* when its accuracy reward is > ``accuracy_floor`` (0.1) and
+   ≥ the mean accuracy of that batch.
+3. Threshold = mean capped confidence of the accurate samples − ``margin`` (0 for SEED-Bench-R1,
+   0.01 for the general video run).
+4. Bonus = ``coef`` (0.5) × accuracy for accurate samples whose capped confidence ≥ threshold,
+   else 0. It is added to the summed rewards (accuracy + format) *before* the group mean/std
+   normalisation.
+5. No KL term (β = 0); the reference model is an EMA of the policy, ref ← 0.995·ref + 0.005·policy
+   every 10 optimiser steps (``rlexp.algorithms.regularisers.reference``, ``algorithm.reference.kind=ema``).
+6. Logged: the mean bonus (``rewards/bonus_rewards``), all-wrong / all-correct group ratios.
+
+Here: ``scope=group`` (default) takes the accuracy mean and the threshold over each group, which
+is what the released script computes (its local batch is one group); ``scope=batch`` takes them over
+the whole step batch. A sample without a parsable answer in the prompt's format has no confidence
+(``answer_confidence`` returns NaN): it gets no bonus and does not enter the threshold. (In the
+released code such a sample's empty answer mask gives confidence exp(0) = 1, capped; it never gets a
+bonus there either, because its accuracy is 0 without an ``<answer>`` tag.)
+
+The bonus is appended to the batch as a reward column (``name``, weight 1) so it is logged as
+``reward/<name>/mean`` and summed into ``batch.reward``; per-row values go to ``batch.extras``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlexp.algorithms.group_stages.base import append_reward_column
+from rlexp.core.batch import RolloutBatch
+from rlexp.core.registry import GROUP_STAGES
+from rlexp.rewards.likelihood import answer_confidence
+
+SCOPES = ("group", "batch")
+
+
+def care_bonus(accuracy: torch.Tensor, confidence: torch.Tensor, group_ids: torch.Tensor, *, coef: float = 0.5,
+               accuracy_floor: float = 0.1, confidence_cap: float | None = 0.95, margin: float = 0.0,
+               scope: str = "group") -> dict[str, torch.Tensor]:
+    """The GRPO-CARE bonus for each row (see module doc).
+
+    Returns per-row tensors: ``bonus``, ``accurate`` (bool), ``consistent`` (bool: accurate and
+    capped confidence ≥ threshold), ``threshold`` (NaN where the unit has no accurate sample with a
+    confidence), ``confidence`` (capped; NaN where no answer was parsed)."""
+    if scope not in SCOPES:
+        raise ValueError(f"care scope={scope!r} is not one of {SCOPES}")
+    acc = accuracy.float()
+    conf = confidence.float().to(acc.device)
+    if confidence_cap is not None:
+        conf = torch.where(torch.isnan(conf), conf, conf.clamp(max=confidence_cap))
+    if scope == "batch":
+        unit = torch.zeros_like(group_ids)
+    else:
+        unit = group_ids
+    _, inv = torch.unique(unit, return_inverse=True)
+    k = int(inv.max()) + 1 if inv.numel() else 0
+    ones = torch.ones_like(acc)
+    count = torch.zeros(k, device=acc.device).index_add_(0, inv, ones)
+    mean_acc = (torch.zeros(k, device=acc.device).index_add_(0, inv, acc) / count)[inv]
+    accurate = (acc > accuracy_floor) & (acc >= mean_acc)
+    measured = accurate & ~torch.isnan(conf)
+    n_meas = torch.zeros(k, device=acc.device).index_add_(0, inv, measured.float())
+    s_meas = torch.zeros(k, device=acc.device).index_add_(0, inv, torch.where(measured, conf, torch.zeros_like(conf)))
+    threshold = torch.where(n_meas > 0, s_meas / n_meas.clamp(min=1) - margin, torch.full_like(s_meas, float("nan")))[inv]
+    consistent = measured & (conf >= threshold)
+    bonus = torch.where(consistent, coef * acc, torch.zeros_like(acc))
+    return {"bonus": bonus, "accurate": accurate, "consistent": consistent, "threshold": threshold,
+            "confidence": conf}
+
+
+def _mean(x: torch.Tensor) -> float:
+    x = x.float()
+    x = x[~torch.isnan(x)]
+    return float(x.mean()) if x.numel() else math.nan
+
+
+@GROUP_STAGES.register
+class ConsistencyBonus:
+    """Group stage: adds the GRPO-CARE consistency bonus to the reward (see module doc).
+
+    Metrics (``batch.stats``):
+      ``care/bonus_frac``          share of completions given a bonus;
+      ``care/bonus_mean``          mean bonus over all completions (the released ``rewards/bonus_rewards``);
+      ``care/confidence_mean``     mean reference confidence (uncapped) of completions with a parsable answer;
+      ``care/answer_parsed_frac``  share of completions with a parsable answer (a confidence);
+      ``care/accurate_frac``       share of completions that are accurate (floor and mean rule);
+      ``care/consistency_rate``    consistent / accurate-with-a-confidence: the share of accurate
+                                   completions whose capped confidence reaches their threshold
+                                   (NaN, logged as null, when there is none);
+      ``care/threshold_mean``      mean threshold over the groups (or the batch) that have one.
+    """
+
+    needs_reference = True
+
+    def __init__(self, accuracy_term: str = "accuracy", coef: float = 0.5, accuracy_floor: float = 0.1,
+                 confidence_cap: float | None = 0.95, margin: float = 0.0, scope: str = "group",
+                 name: str = "care_bonus", batch_size: int = 16):
+        if scope not in SCOPES:
+            raise ValueError(f"algorithm.group_stages: ConsistencyBonus.scope={scope!r} is not one of {SCOPES}")
+        if coef < 0:
+            raise ValueError(f"algorithm.group_stages: ConsistencyBonus.coef={coef} must be >= 0")
+        if confidence_cap is not None and not 0 < confidence_cap <= 1:
+            raise ValueError(f"algorithm.group_stages: ConsistencyBonus.confidence_cap={confidence_cap} must be in (0, 1]")
+        if batch_size < 1:
+            raise ValueError(f"algorithm.group_stages: ConsistencyBonus.batch_size={batch_size} must be >= 1")
+        self.accuracy_term, self.coef, self.accuracy_floor = accuracy_term, float(coef), float(accuracy_floor)
+        self.confidence_cap, self.margin, self.scope = confidence_cap, float(margin), scope
+        self.name, self.batch_size = name, int(batch_size)
+
+    def confidence(self, batch: RolloutBatch, ctx) -> torch.Tensor:
+        """(N,) reference likelihood of each stated answer given its reasoning (NaN: no answer)."""
+        if ctx.reference is None or ctx.reference.model is None:
+            raise RuntimeError("ConsistencyBonus needs a reference model: set algorithm.reference.kind to ema or frozen")
+        model = ctx.reference.model
+        return answer_confidence(model, ctx.tokenizer, batch.prompts, batch.completions, ctx.answer_format,
+                                 batch_size=self.batch_size)
+
+    def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
+        if self.accuracy_term not in batch.reward_names:
+            raise KeyError(f"algorithm.group_stages: ConsistencyBonus.accuracy_term={self.accuracy_term!r} "
+                           f"is not a reward term (terms: {batch.reward_names})")
+        acc = batch.term(self.accuracy_term)
+        raw = self.confidence(batch, ctx).to(acc.device)
+        out = care_bonus(acc, raw, batch.group_ids, coef=self.coef, accuracy_floor=self.accuracy_floor,
+                         confidence_cap=self.confidence_cap, margin=self.margin, scope=self.scope)
+        append_reward_column(batch, self.name, out["bonus"])
+        batch.extras["care_confidence"] = raw
+        batch.extras["care_accurate"] = out["accurate"]
+        batch.extras["care_consistent"] = out["consistent"]
+        measured = out["accurate"] & ~torch.isnan(out["confidence"])
+        unit = torch.zeros_like(batch.group_ids) if self.scope == "batch" else batch.group_ids
+        first = torch.ones_like(unit, dtype=torch.bool)
+        first[1:] = unit[1:] != unit[:-1]
+        s = batch.stats
+        s["care/bonus_frac"] = float((out["bonus"] > 0).float().mean())
+        s["care/bonus_mean"] = float(out["bonus"].mean())
+        s["care/confidence_mean"] = _mean(raw)
+        s["care/answer_parsed_frac"] = float((~torch.isnan(raw)).float().mean())
+        s["care/accurate_frac"] = float(out["accurate"].float().mean())
+        s["care/consistency_rate"] = (float(out["consistent"].sum() / measured.sum()) if measured.any() else math.nan)
+        s["care/threshold_mean"] = _mean(out["threshold"][first])
+        return batch

@@ -1,0 +1,48 @@
+"""Clipped importance-ratio losses: PPO-clip (clip-higher, dual clip) and CISPO's clipped, stop-gradient IS weight."""
+
+from __future__ import annotations
+
+import torch
+
+from rlexp.algorithms.losses.base import LossOutput, expand_like, ratio_stats
+from rlexp.core.registry import LOSSES
+
+
+@LOSSES.register
+def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             eps_low: float = 0.2, eps_high: float | None = None, dual_clip: float | None = None) -> LossOutput:
+    """PPO clipped surrogate (Proximal Policy Optimization Algorithms, 2017) as used by GRPO
+    (DeepSeekMath, 2024), with asymmetric clip-higher ε_low/ε_high (DAPO, 2025) and optional dual
+    clip ``c`` that caps the loss of negative-advantage tokens at c·|A| (Dual-Clip PPO, 2019).
+    No log-ratio clamp (TRL's convention)."""
+    eps_high = eps_low if eps_high is None else eps_high
+    adv = expand_like(advantages, logp)
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    loss = -torch.min(ratio * adv, clipped * adv)
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss = torch.where(adv < 0, torch.min(loss, -dual_clip * adv), loss)
+    low = ((ratio < 1 - eps_low) & (adv < 0)).float()
+    high = ((ratio > 1 + eps_high) & (adv > 0)).float()
+    stats = {"clip/low_frac": low, "clip/high_frac": high, "clip/region_frac": torch.clamp(low + high, max=1),
+             "ratio/mean": ratio.detach()}
+    return LossOutput(loss, stats)
+
+
+@LOSSES.register
+def cispo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          eps_low: float | None = None, eps_high: float = 4.0) -> LossOutput:
+    """CISPO ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", 2025):
+    REINFORCE with a clipped, stop-gradient importance weight, ℓ_t = −sg(clip(r_t, 1 − ε_low,
+    1 + ε_high))·A·log π_θ — every token keeps a gradient. ``eps_low=None`` leaves the ratio
+    unbounded below (the paper's ε_low is large). TRL's ``epsilon_high`` for cispo is the absolute cap
+    1 + ε_high here (ε_high = 4 ⇔ TRL 5.0, ScaleRL's value)."""
+    adv = expand_like(advantages, logp)
+    ratio = torch.exp(logp - old_logp).detach()
+    lo = None if eps_low is None else 1 - eps_low
+    weight = ratio.clamp(min=lo, max=1 + eps_high)
+    loss = -weight * adv * logp
+    low = (ratio < lo) & (adv < 0) if lo is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    return LossOutput(loss, ratio_stats(ratio, low, (ratio > 1 + eps_high) & (adv > 0)))

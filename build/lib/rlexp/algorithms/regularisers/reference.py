@@ -1,0 +1,58 @@
+"""Reference models for KL penalties and reference-scored rewards.
+
+* ``none``   – no reference model is kept.
+* ``frozen`` – a frozen copy of the initial policy (GRPO, DeepSeekMath 2024).
+* ``ema``    – a slowly evolving copy, θ_ref ← d·θ_ref + (1−d)·θ every ``interval`` optimiser
+  steps (GRPO-CARE, "Consistency-Aware RL for Multimodal Reasoning", 2025: d = 0.995 every 10
+  steps in its released script).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rlexp.core.registry import REGULARISERS
+
+KINDS = ("none", "frozen", "ema")
+
+
+@REGULARISERS.register
+class ReferenceModel:
+    def __init__(self, policy: torch.nn.Module, kind: str = "frozen", ema_decay: float = 0.995,
+                 ema_interval: int = 1):
+        if kind not in KINDS:
+            raise ValueError(f"algorithm.reference.kind={kind!r} is not one of {KINDS}")
+        if not 0.0 <= ema_decay <= 1.0:
+            raise ValueError(f"algorithm.reference.ema_decay={ema_decay} must be in [0, 1]")
+        if ema_interval < 1:
+            raise ValueError(f"algorithm.reference.ema_interval={ema_interval} must be >= 1")
+        self.kind, self.ema_decay, self.ema_interval = kind, ema_decay, ema_interval
+        self.model = None
+        if kind != "none":
+            self.model = copy.deepcopy(policy).eval()
+            self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def after_optimizer_step(self, policy: torch.nn.Module, step: int) -> bool:
+        """EMA update after optimiser step ``step`` (1-based). Returns whether it updated."""
+        if self.kind != "ema" or step % self.ema_interval:
+            return False
+        ema_update(self.model, policy, self.ema_decay)
+        return True
+
+    def state_dict(self):
+        return self.model.state_dict() if self.model is not None and self.kind == "ema" else None
+
+    def load_state_dict(self, state):
+        if state is not None and self.model is not None:
+            self.model.load_state_dict(state)
+
+
+@torch.no_grad()
+def ema_update(target: torch.nn.Module, source: torch.nn.Module, decay: float) -> None:
+    """target ← decay·target + (1−decay)·source, parameter by parameter (buffers copied)."""
+    for t, s in zip(target.parameters(), source.parameters()):
+        t.lerp_(s.detach().to(t.dtype), 1.0 - decay)
+    for t, s in zip(target.buffers(), source.buffers()):
+        t.copy_(s)

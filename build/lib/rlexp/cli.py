@@ -1,0 +1,50 @@
+"""``rlexp <command> [overrides...]``: dispatches to the command modules of ``rlexp.commands``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+USAGE = """usage: rlexp <command> [overrides...]
+
+commands:
+  train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
+  eval      evaluate a model or checkpoint on benchmarks (Hydra app; `rlexp eval benchmark=offline eval.n=8`)
+  list      list config options (`rlexp list algorithms|models|...`), parts (`rlexp list parts`) or papers
+            (`rlexp list papers [--json]`)
+  compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
+  replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
+  bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
+"""
+
+# command -> (module, whether it is a Hydra app reading sys.argv)
+COMMANDS = {
+    "train": ("rlexp.commands.train", True),
+    "eval": ("rlexp.commands.evaluate", True),
+    "bench": ("rlexp.commands.bench", True),
+    "list": ("rlexp.commands.listing", False),
+    "compare": ("rlexp.commands.compare", False),
+    "replay": ("rlexp.commands.replay", False),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+    module, hydra_app = COMMANDS[cmd]
+    command = importlib.import_module(module)
+    if hydra_app:
+        sys.argv = [f"rlexp {cmd}", *rest]
+        command.main()
+    else:
+        command.main(rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""The loss mask: which completion tokens enter the policy (and value) loss.
+
+It is the completion mask, times an optional per-row weight in ``batch.extras["loss_mask"]`` that
+group stages set to drop rows from the loss without touching the completion itself (DAPO's overlong
+masking): such rows keep their tokens, length, reward and place in their group's statistics, but
+contribute no loss and are not counted by the aggregation's token/row normalisers (TRL's
+``mask_truncated_completions`` does the same).
+"""
+from __future__ import annotations
+
+import torch
+
+LOSS_MASK = "loss_mask"
+
+
+def loss_mask(batch) -> torch.Tensor:
+    """(N, T) mask of the tokens that enter the loss."""
+    mask = batch.completion_mask
+    rows = batch.extras.get(LOSS_MASK)
+    if rows is None:
+        return mask
+    return mask * rows.to(device=mask.device, dtype=mask.dtype)[:, None]

@@ -1,0 +1,116 @@
+"""Reward terms. A term maps the samples of a batch (with their group) to one score each.
+
+``RewardTerm.score(sample)`` scores one sample; ``__call__(samples)`` scores a list and, when a
+sample raises, records the failure for that sample (score 0, flagged) instead of crashing the run.
+Group-aware terms override ``__call__`` (they see every sample with its ``group``).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from rlexp.core.registry import REWARDS
+from rlexp.rewards.answers import extract_answer, math_equal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    prompt: str
+    completion: str
+    record: dict
+    group: int
+    num_tokens: int
+    truncated: bool
+
+
+@dataclass
+class TermResult:
+    scores: list[float]
+    failures: list[bool] = field(default_factory=list)
+
+
+class RewardTerm:
+    """Base class. ``weight`` multiplies the term in the total reward."""
+
+    def __init__(self, weight: float = 1.0):
+        self.weight = float(weight)
+
+    def score(self, sample: Sample) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must implement score() or __call__()")
+
+    def __call__(self, samples: list[Sample]) -> TermResult:
+        scores, failures = [], []
+        for s in samples:
+            try:
+                scores.append(float(self.score(s)))
+                failures.append(False)
+            except Exception as e:  # a failing sample is recorded, never a crashed run
+                log.warning("reward %s failed on a sample: %r", type(self).__name__, e)
+                scores.append(0.0)
+                failures.append(True)
+        return TermResult(scores, failures)
+
+
+@lru_cache(maxsize=None)
+def _rg_scorer(task: str):
+    import reasoning_gym as rg
+    return rg.get_score_answer_fn(task)
+
+
+def check_answer(answer: str | None, record: dict) -> float:
+    """Score an extracted answer against a record's ground truth with the record's scorer."""
+    if answer is None:
+        return 0.0
+    scorer = record.get("scorer", "math")
+    if scorer == "reasoning_gym":
+        entry = {"question": record["question"], "answer": record["answer"], "metadata": record["metadata"]}
+        return float(_rg_scorer(record["metadata"]["source_dataset"])(answer, entry))
+    if scorer == "math":
+        return float(math_equal(answer, record["answer"]))
+    if scorer == "exact":
+        return float(answer.strip() == record["answer"].strip())
+    raise ValueError(f"unknown scorer {scorer!r} in record {record.get('id')}")
+
+
+@REWARDS.register
+class Accuracy(RewardTerm):
+    """Correctness of the final answer: math-verify for math answers, the reasoning-gym scorer for
+    its tasks. ``fallback_last_number`` scores the last number when no formatted answer is stated."""
+
+    def __init__(self, weight: float = 1.0, answer_format: str = "hash", fallback_last_number: bool = True):
+        super().__init__(weight)
+        self.answer_format, self.fallback = answer_format, fallback_last_number
+
+    def score(self, sample: Sample) -> float:
+        ans = extract_answer(sample.completion, self.answer_format, fallback_last_number=self.fallback)
+        return check_answer(ans, sample.record)
+
+
+_TAG_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
+
+
+@REWARDS.register
+class Format(RewardTerm):
+    """1 when the completion follows the answer convention, else 0.
+
+    ``hash``: the last non-empty line is ``#### <answer>``; ``tag``: ``<think>…</think><answer>…</answer>``
+    and nothing else (DeepSeek-R1, 2025); ``boxed``: a non-empty ``\\boxed{…}``."""
+
+    def __init__(self, weight: float = 1.0, answer_format: str = "hash"):
+        super().__init__(weight)
+        self.answer_format = answer_format
+
+    def score(self, sample: Sample) -> float:
+        text = sample.completion.strip()
+        if self.answer_format == "hash":
+            lines = [l for l in text.splitlines() if l.strip()]
+            return float(bool(lines) and re.fullmatch(r"\s*####\s*\S.*", lines[-1]) is not None)
+        if self.answer_format == "tag":
+            return float(_TAG_FORMAT.match(text) is not None)
+        if self.answer_format == "boxed":
+            return float(extract_answer(text, "boxed") is not None)
+        raise ValueError(f"reward format answer_format={self.answer_format!r} is not one of hash, tag, boxed")

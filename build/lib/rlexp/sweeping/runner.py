@@ -1,0 +1,327 @@
+"""The sweep loop behind ``hydra/sweeper=rlexp_optuna``: ask Optuna for a trial, launch it as a Hydra
+job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` trials in flight.
+
+- Asynchronous: a new trial starts as soon as one ends (no idle worker while a batch finishes),
+  for launchers that run jobs out of process (joblib, submitit, ray). The basic launcher runs jobs
+  in this process, one at a time.
+- Study-wide budget: ``n_trials`` counts every trial of the study, so a re-run (resume) or a second
+  worker on the same storage only adds what is missing; trial number = Hydra job number, so job
+  folders keep counting.
+- The job learns which trial it is from ``trial.storage/study/number`` overrides and reports its
+  metric to the trial at every step (``rlexp.sweeping.callback``); a job its pruner stopped is told
+  PRUNED, a job that raised FAIL (with its error), anything else COMPLETE with the objective(s).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import Trial, TrialState
+
+from rlexp.sweeping import trials as tr
+from rlexp.sweeping.objectives import as_list, metric_key, objective_values
+from rlexp.sweeping.search_space import build_search_space, format_value, grid_values
+from rlexp.sweeping.storage import open_storage, redact, resolve_storage, storage_lock
+
+log = logging.getLogger(__name__)
+
+GRID = "optuna.samplers.GridSampler"
+# samplers whose seed fixes one sequence indexed by trial number (grid order, Sobol scramble): never re-seeded
+FIXED_SEQUENCE = (GRID, "optuna.samplers.QMCSampler")
+NOP = "optuna.pruners.NopPruner"
+STUDY_ATTRS = ("objectives", "report_metric", "pruner")
+
+
+class SweepConfigError(ValueError):
+    """A sweeper setting is invalid; the message names the ``hydra.sweeper`` key."""
+
+
+@dataclass
+class Outcome:
+    """How one trial ended, as this worker saw it."""
+    number: int
+    state: str
+    values: list | None = None
+    error: str | None = None
+    job_dir: str | None = None
+
+
+@dataclass
+class SweepState:
+    failures: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+    last_error: str | None = None
+
+
+def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
+    """Sample one parameter through the public Trial API."""
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    raise SweepConfigError(f"hydra.sweeper.params.{name}: unsupported distribution {dist}")
+
+
+def error_text(e: BaseException) -> tuple[str, str]:
+    """(one-line error, traceback text) of a job's exception."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return f"{type(e).__name__}: {e}"[:2000], tb[-8000:]
+
+
+class OptunaSweep:
+    def __init__(self, settings: DictConfig, config: DictConfig, launcher, sequential: bool):
+        self.s, self.config, self.launcher = settings, config, launcher
+        self.directions = [str(d) for d in as_list(settings.direction)] or ["maximize"]
+        for d in self.directions:
+            if d not in ("minimize", "maximize"):
+                raise SweepConfigError(f"hydra.sweeper.direction: {d!r} is neither minimize nor maximize")
+        self.objectives = [metric_key(o) for o in as_list(settings.objective)]
+        if self.objectives and len(self.objectives) != len(self.directions):
+            raise SweepConfigError(f"hydra.sweeper.objective has {len(self.objectives)} metric(s) but "
+                                   f"hydra.sweeper.direction has {len(self.directions)}")
+        self.report_metric = metric_key(settings.report_metric) if settings.get("report_metric") else \
+            (self.objectives[0] if self.objectives else None)
+        self.pruner_cfg = OmegaConf.to_container(settings.pruner, resolve=True) if settings.get("pruner") else {"_target_": NOP}
+        if len(self.directions) > 1 and self.pruner_cfg.get("_target_") != NOP:
+            raise SweepConfigError("hydra.sweeper.pruner: Optuna cannot prune multi-objective studies; "
+                                   "use hydra/sweeper/pruner=none with several directions")
+        if settings.n_trials < 1:
+            raise SweepConfigError(f"hydra.sweeper.n_trials={settings.n_trials}: must be >= 1")
+        if settings.n_jobs < 1:
+            raise SweepConfigError(f"hydra.sweeper.n_jobs={settings.n_jobs}: must be >= 1")
+        if not 0.0 <= settings.max_failure_rate <= 1.0:
+            raise SweepConfigError(f"hydra.sweeper.max_failure_rate={settings.max_failure_rate}: must be in [0, 1]")
+        self.in_flight = 1 if sequential else settings.n_jobs
+        if sequential and settings.n_jobs > 1:
+            log.warning("hydra.sweeper.n_jobs=%d with the basic launcher: it runs one job at a time in this "
+                        "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials", settings.n_jobs)
+        self.sampler_cfg = settings.sampler
+        self.seed = settings.sampler.get("seed")
+        # other samplers get seed + trial number per trial, so resumed sweeps and parallel workers
+        # sharing a seed do not replay the same draws
+        self.per_trial_seed = self.seed is not None and settings.sampler._target_ not in FIXED_SEQUENCE
+        self.trial_key = settings.get("trial_key", "trial")
+        self.hook: Callable | None = get_method(settings.custom_search_space) if settings.get("custom_search_space") else None
+        self.sweep_dir = str(config.hydra.sweep.dir)
+        self.study_name = settings.study_name or str(config.hydra.job.name)
+        self.storage_url = resolve_storage(settings.storage, self.sweep_dir, self.study_name)
+        self.grace = settings.grace_period if settings.get("grace_period") is not None else 4 * settings.heartbeat_interval
+        self.state = SweepState()
+        self._last_recovery = 0.0
+
+    # ---- study ----------------------------------------------------------------------------------
+    def make_sampler(self, seed: int | None):
+        kwargs = {"seed": seed} if "seed" in self.sampler_cfg else {}
+        if self.sampler_cfg._target_ == GRID:
+            kwargs["search_space"] = self.grid
+        return instantiate(self.sampler_cfg, **kwargs, _convert_="all")
+
+    def open_study(self) -> optuna.Study:
+        with storage_lock(self.storage_url):  # workers starting together must not both create the tables
+            self.storage = open_storage(self.storage_url)
+            study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=self.directions,
+                                        sampler=self.make_sampler(self.seed), pruner=instantiate(self.pruner_cfg),
+                                        load_if_exists=True)
+        existing = [d.name.lower() for d in study.directions]
+        if existing != self.directions:
+            raise SweepConfigError(f"hydra.sweeper.direction={self.directions}: study {self.study_name!r} in "
+                                   f"{redact(self.storage_url)} was created with {existing}; use another study_name")
+        for key, value in zip(STUDY_ATTRS, (self.objectives, self.report_metric, self.pruner_cfg)):
+            study.set_user_attr(key, value)
+        return study
+
+    # ---- one trial ------------------------------------------------------------------------------
+    def ask(self, study: optuna.Study) -> Trial | None:
+        """A new trial, or None once the study holds ``n_trials`` trials (counted across workers)."""
+        with storage_lock(self.storage_url):
+            existing = self.storage.get_all_trials(study._study_id, deepcopy=False)
+            if tr.counted(existing) >= self.n_trials:
+                return None
+            expected = len(existing)
+            if self.per_trial_seed:
+                study.sampler = self.make_sampler(self.seed + expected)
+            trial = study.ask()
+        if self.per_trial_seed and trial.number != expected:
+            study.sampler = self.make_sampler(self.seed + trial.number)
+        return trial
+
+    def configure(self, trial: Trial) -> list[str]:
+        """Sample the trial's parameters; its job's overrides."""
+        for name, dist in self.space.items():
+            suggest(trial, name, dist)
+        for name, value in self.fixed.items():
+            trial.set_user_attr(name, value)
+        derived = {}
+        if self.hook is not None:
+            derived = self.hook(self.config, trial) or {}
+            trial.set_user_attr("derived", {k: v for k, v in derived.items()})
+        overlap = set(trial.params) & (set(self.fixed) | set(derived))
+        if overlap:
+            raise SweepConfigError(f"hydra.sweeper.params: {sorted(overlap)} are both searched and fixed/derived")
+        fixed = {k: v for k, v in self.fixed.items() if k not in derived}  # a derived value replaces a fixed one
+        values = {**trial.params, **fixed, **derived}
+        overrides = [f"{k}={v if k in fixed else format_value(v)}" for k, v in values.items()]
+        if self.trial_key:
+            overrides += [f"{self.trial_key}.storage='{self.storage_url}'",
+                          f"{self.trial_key}.study='{self.study_name}'", f"{self.trial_key}.number={trial.number}"]
+        return overrides
+
+    def launch(self, overrides: list[str], number: int):
+        """Run one job; its JobReturn, or the exception the launcher itself raised."""
+        try:
+            return self.launcher.launch([overrides], initial_job_idx=number)[0]
+        except Exception as e:
+            return e
+
+    def tell(self, study: optuna.Study, trial: Trial, ret) -> Outcome:
+        storage, tid = self.storage, trial._trial_id
+        job_dir = None
+        error: BaseException | None = ret if isinstance(ret, BaseException) else None
+        returned = None
+        if error is None:
+            try:
+                job_dir = str(ret.hydra_cfg.hydra.runtime.output_dir)
+            except Exception:
+                job_dir = None
+            try:
+                returned = ret.return_value
+            except Exception as e:
+                error = e
+        frozen = storage.get_trial(tid)
+        if frozen.state.is_finished():  # recovered as stale by another worker meanwhile
+            log.warning("trial %d was already %s when its job ended", trial.number, frozen.state.name)
+            return Outcome(trial.number, frozen.state.name, job_dir=job_dir)
+        if job_dir:
+            trial.set_user_attr("job_dir", job_dir)
+        values = None
+        if error is None and frozen.user_attrs.get(tr.PRUNED_AT) is None:
+            try:
+                values = objective_values(returned, self.objectives, len(self.directions))
+            except ValueError as e:
+                error = e
+        if error is not None:
+            line, tb = error_text(error)
+            trial.set_user_attr("error", line)
+            trial.set_user_attr("traceback", tb)
+            self._tell(study, trial, TrialState.FAIL)
+            self.state.failures += 1
+            self.state.last_error = line
+            log.warning("trial %d FAILED: %s", trial.number, line)
+            return Outcome(trial.number, "FAIL", error=line, job_dir=job_dir)
+        if values is None:
+            self._tell(study, trial, TrialState.PRUNED)
+            value = storage.get_trial(tid).values
+            log.info("trial %d PRUNED at step %s (last value %s)", trial.number, frozen.user_attrs[tr.PRUNED_AT], value)
+            return Outcome(trial.number, "PRUNED", values=value, job_dir=job_dir)
+        self._tell(study, trial, TrialState.COMPLETE, values)
+        log.info("trial %d COMPLETE: %s", trial.number, dict(zip(self.objectives or ["value"], values)))
+        return Outcome(trial.number, "COMPLETE", values=values, job_dir=job_dir)
+
+    @staticmethod
+    def _tell(study, trial, state, values=None) -> None:
+        try:
+            study.tell(trial, values=values, state=state)
+        except RuntimeError as e:  # the grid sampler calls study.stop() once the grid is done
+            if "Study.stop" not in str(e):
+                raise
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def failure_budget_left(self) -> bool:
+        return self.state.failures <= self.s.max_failure_rate * self.n_trials
+
+    def recover(self, study) -> None:
+        """Retry the trials of workers that died (at start, then at most once per heartbeat interval)."""
+        self._last_recovery = time.time()
+        recovered = tr.recover_stale(study, self.grace)
+        if recovered:
+            log.info("re-enqueued interrupted trials %s", recovered)
+
+    def start(self, study, heartbeat) -> tuple[Trial, list[str]] | None:
+        if not self.failure_budget_left():
+            return None
+        if time.time() - self._last_recovery > self.s.heartbeat_interval:
+            self.recover(study)
+        trial = self.ask(study)
+        if trial is None:
+            return None
+        heartbeat.add(trial._trial_id)
+        try:
+            return trial, self.configure(trial)
+        except BaseException:
+            heartbeat.discard(trial._trial_id)
+            tr.mark_interrupted(study, trial._trial_id, "search-space configuration failed", retry=False)
+            raise
+
+    def finish(self, study, heartbeat, trial, ret) -> None:
+        heartbeat.discard(trial._trial_id)
+        self.state.outcomes.append(self.tell(study, trial, ret))
+
+    def run(self, arguments: list[str]) -> dict:
+        self.space, self.fixed = build_search_space(
+            OmegaConf.to_container(self.s.params, resolve=False) if self.s.get("params") else None, arguments)
+        if not self.space and self.hook is None:
+            raise SweepConfigError("hydra.sweeper.params is empty and no sweep override was given: nothing to search")
+        self.n_trials = self.s.n_trials
+        if self.sampler_cfg._target_ == GRID:
+            self.grid = {name: grid_values(name, d) for name, d in self.space.items()}
+            size = math.prod(len(v) for v in self.grid.values())
+            if size < self.n_trials:
+                log.info("grid sampler: %d grid points, n_trials %d -> %d", size, self.n_trials, size)
+                self.n_trials = size
+        study = self.open_study()
+        log.info("Study %r in %s: %s %s, sampler %s, pruner %s, %d trials, %d in flight", self.study_name,
+                 redact(self.storage_url), self.directions, self.objectives or "(returned value)",
+                 self.sampler_cfg._target_.rsplit(".", 1)[-1], self.pruner_cfg["_target_"].rsplit(".", 1)[-1],
+                 self.n_trials, self.in_flight)
+        self.recover(study)
+        done_before = tr.counted(self.storage.get_all_trials(study._study_id, deepcopy=False))
+        if done_before:
+            log.info("resuming: the study already holds %d trial(s)", done_before)
+        with tr.Heartbeat(self.storage, self.s.heartbeat_interval) as heartbeat:
+            try:
+                self._loop(study, heartbeat)
+            except BaseException as e:  # Ctrl-C or a crash of the sweeper itself: give the trials back
+                for tid in heartbeat.in_flight():
+                    tr.mark_interrupted(study, tid, f"sweep process stopped ({type(e).__name__})")
+                raise
+        from rlexp.sweeping.summary import write_summary
+        results = write_summary(study, self.sweep_dir, self.objectives, self.storage_url, make_plots=self.s.plots)
+        if not self.failure_budget_left():
+            raise RuntimeError(
+                f"{self.state.failures} trial(s) failed in this sweep, more than hydra.sweeper.max_failure_rate="
+                f"{self.s.max_failure_rate} of n_trials={self.n_trials}; last error: {self.state.last_error}")
+        return results
+
+    def _loop(self, study, heartbeat) -> None:
+        if self.in_flight == 1:
+            while (started := self.start(study, heartbeat)) is not None:
+                trial, overrides = started
+                self.finish(study, heartbeat, trial, self.launch(overrides, trial.number))
+            return
+        futures: dict = {}
+        exhausted = False
+        with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="rlexp-trial") as pool:
+            while True:
+                while not exhausted and len(futures) < self.in_flight:
+                    started = self.start(study, heartbeat)
+                    if started is None:
+                        exhausted = True
+                        break
+                    trial, overrides = started
+                    futures[pool.submit(self.launch, overrides, trial.number)] = trial
+                if not futures:
+                    return
+                done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    self.finish(study, heartbeat, futures.pop(fut), fut.result())

@@ -1,0 +1,149 @@
+"""Search space: Hydra sweep overrides (and explicit distribution dicts) → Optuna distributions.
+
+The mapping is the one of the upstream ``hydra-optuna-sweeper`` (1.3), expressed with Optuna's
+current distribution classes:
+
+=====================================  =========================================================
+``choice(a, b, ...)``                  ``CategoricalDistribution([a, b, ...])``
+``range(a, b[, step=s])`` (ints)       ``IntDistribution(a, b, step=s)`` — b *included*, as upstream
+``range(...)`` with a float bound/step  ``FloatDistribution(a, b, step=s)``
+``shuffle(range(...))``                ``CategoricalDistribution(list(range(...)))``
+``interval(a, b)``                     ``FloatDistribution(a, b)``
+``int(interval(a, b))``                ``IntDistribution(a, b)``
+``tag(log, interval(a, b))``           ``FloatDistribution(a, b, log=True)``
+``tag(log, int(interval(a, b)))``      ``IntDistribution(a, b, log=True)``
+``{type: float|int|categorical, low, high, log, step, choices}``  the distribution it names
+anything else (``x=5``)                a fixed value passed to every trial, not searched
+=====================================  =========================================================
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+
+class SearchSpaceError(ValueError):
+    """A search-space entry cannot be turned into a distribution; the message names the parameter."""
+
+
+def _choices(override: Override, name: str) -> list:
+    out = []
+    for x in override.sweep_iterator(transformer=Transformer.encode):
+        if not isinstance(x, (str, int, float, bool)) and x is not None:
+            raise SearchSpaceError(f"{name}: a choice must be str, int, float, bool or null, got {type(x).__name__}")
+        out.append(x)
+    return out
+
+
+def distribution_from_override(override: Override) -> BaseDistribution | Any:
+    """The distribution of one parsed override, or its plain value when it is not a sweep."""
+    name = override.get_key_element()
+    if not override.is_sweep_override():
+        return override.value()
+    value = override.value()
+    if override.is_choice_sweep():
+        assert isinstance(value, ChoiceSweep)
+        return CategoricalDistribution(_choices(override, name))
+    if override.is_range_sweep():
+        assert isinstance(value, RangeSweep)
+        if value.shuffle:
+            return CategoricalDistribution(_choices(override, name))
+        if any(isinstance(v, float) for v in (value.start, value.stop, value.step)):
+            return FloatDistribution(float(value.start), float(value.stop), step=float(value.step))
+        return IntDistribution(int(value.start), int(value.stop), step=int(value.step))
+    if override.is_interval_sweep():
+        assert isinstance(value, IntervalSweep)
+        log = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(value.start, value.end, log=log)
+        return FloatDistribution(float(value.start), float(value.end), log=log)
+    raise SearchSpaceError(f"{name}: unsupported sweep {override.input_line!r}")
+
+
+def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> BaseDistribution:
+    """An explicit distribution: ``{type: float|int|categorical, low, high, log, step, choices}``."""
+    spec = dict(spec)
+    kind = str(spec.pop("type", "")).split(".")[-1]
+    unknown = set(spec) - {"low", "high", "log", "step", "choices"}
+    if unknown:
+        raise SearchSpaceError(f"{name}: unknown distribution keys {sorted(unknown)}")
+    if kind == "categorical":
+        if not spec.get("choices"):
+            raise SearchSpaceError(f"{name}: a categorical distribution needs 'choices'")
+        return CategoricalDistribution(list(spec["choices"]))
+    if kind not in ("int", "float"):
+        raise SearchSpaceError(f"{name}: type must be int, float or categorical, got {kind!r}")
+    if spec.get("low") is None or spec.get("high") is None:
+        raise SearchSpaceError(f"{name}: an {kind} distribution needs 'low' and 'high'")
+    log, step = bool(spec.get("log", False)), spec.get("step")
+    if kind == "int":
+        if log:
+            return IntDistribution(int(spec["low"]), int(spec["high"]), log=True)
+        return IntDistribution(int(spec["low"]), int(spec["high"]), step=int(step or 1))
+    if log:
+        return FloatDistribution(float(spec["low"]), float(spec["high"]), log=True)
+    return FloatDistribution(float(spec["low"]), float(spec["high"]), step=None if step is None else float(step))
+
+
+def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], dict[str, BaseDistribution]]:
+    """Split ``hydra.sweeper.params`` into override strings and explicit (dict) distributions."""
+    lines, explicit = [], {}
+    for key, value in (params or {}).items():
+        if isinstance(value, (DictConfig, dict)):
+            explicit[str(key)] = distribution_from_dict(str(key), OmegaConf.to_container(value)
+                                                        if isinstance(value, DictConfig) else value)
+        elif isinstance(value, (ListConfig, list)):
+            raise SearchSpaceError(f"hydra.sweeper.params.{key}: a list is not a search space; "
+                                   "write choice(...) or an explicit {type: categorical, choices: [...]}")
+        else:
+            lines.append(f"{key}={value}")
+    return lines, explicit
+
+
+def build_search_space(params: Mapping[str, Any] | None, arguments: list[str]
+                       ) -> tuple[dict[str, BaseDistribution], dict[str, Any]]:
+    """(distributions, fixed values) from ``hydra.sweeper.params`` then the command line; a later
+    entry for the same key wins (so ``x=3`` on the command line fixes a searched ``x``)."""
+    lines, explicit = params_to_overrides(params)
+    space: dict[str, BaseDistribution] = dict(explicit)
+    fixed: dict[str, Any] = {}
+    parser = OverridesParser.create()
+    for override in parser.parse_overrides(lines + list(arguments)):
+        key = override.get_key_element()
+        value = distribution_from_override(override)
+        space.pop(key, None)
+        fixed.pop(key, None)
+        if isinstance(value, BaseDistribution):
+            space[key] = value
+        else:
+            fixed[key] = override.get_value_element_as_str()
+    return space, fixed
+
+
+def grid_values(name: str, dist: BaseDistribution) -> list:
+    """Every value of a discrete distribution, for the grid sampler."""
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    if isinstance(dist, IntDistribution) and not dist.log:
+        return list(range(dist.low, dist.high + 1, dist.step))
+    if isinstance(dist, FloatDistribution) and dist.step is not None:
+        n = int(round((dist.high - dist.low) / dist.step))
+        return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
+    raise SearchSpaceError(f"{name}: the grid sampler needs a discrete parameter (choice, range, or a "
+                           f"step), got {dist}")
+
+
+def format_value(value: Any) -> str:
+    """A sampled value as an override value. Strings are used verbatim: choices arrive already
+    escaped for the override grammar (as upstream), so ``choice('a b')`` comes back as ``a\\ b``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

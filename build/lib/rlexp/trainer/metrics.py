@@ -1,0 +1,45 @@
+"""Per-step batch metrics (names documented in README "Metrics")."""
+from __future__ import annotations
+
+import torch
+
+from rlexp.core.batch import RolloutBatch
+from rlexp.core.stats import group_stats
+
+
+def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, float]:
+    m: dict[str, float] = {}
+    r = batch.reward.float()
+    m["reward/mean"] = float(r.mean())
+    m["reward/std"] = float(r.std()) if len(r) > 1 else 0.0
+    for j, name in enumerate(batch.reward_names):
+        col = batch.rewards[:, j]
+        m[f"reward/{name}/mean"] = float(col.mean())
+        m[f"reward/{name}/std"] = float(col.std()) if len(col) > 1 else 0.0
+        m[f"reward/{name}/failures"] = float(batch.reward_failures[:, j].float().sum())
+    _, std, count = group_stats(r, batch.group_ids)
+    m["groups/zero_variance_frac"] = float((std[count > 1] <= 1e-8).float().mean()) if (count > 1).any() else 0.0
+    if accuracy_term and accuracy_term in batch.reward_names:
+        acc = batch.term(accuracy_term)
+        m["accuracy"] = float(acc.mean())
+        gmean, _, _ = group_stats(acc, batch.group_ids)
+        firsts = _group_firsts(batch.group_ids)
+        m["groups/all_correct_frac"] = float((gmean[firsts] >= 1.0 - 1e-8).float().mean())
+        m["groups/all_wrong_frac"] = float((gmean[firsts] <= 1e-8).float().mean())
+    if batch.advantages is not None:
+        a = batch.advantages.float()
+        a = a if a.dim() == 1 else (a * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1).clamp(min=1)
+        m["advantage/mean"], m["advantage/std"] = float(a.mean()), float(a.std()) if len(a) > 1 else 0.0
+        m["advantage/abs_mean"] = float(a.abs().mean())
+    lengths = batch.lengths.float()
+    m["length/mean"], m["length/max"], m["length/min"] = float(lengths.mean()), float(lengths.max()), float(lengths.min())
+    m["length/truncated_frac"] = float(batch.truncated.float().mean())
+    m["batch/completions"] = float(len(batch))
+    m.update({k: float(v) for k, v in batch.stats.items()})
+    return m
+
+
+def _group_firsts(group_ids: torch.Tensor) -> torch.Tensor:
+    first = torch.ones_like(group_ids, dtype=torch.bool)
+    first[1:] = group_ids[1:] != group_ids[:-1]
+    return first.nonzero().squeeze(-1)

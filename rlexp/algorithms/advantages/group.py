@@ -1,0 +1,51 @@
+"""Group-normalised outcome advantages (GRPO and its scalings: Dr. GRPO, Lite PPO) and GPG's rescaled form."""
+
+from __future__ import annotations
+
+import torch
+
+from rlexp.core.batch import RolloutBatch
+from rlexp.core.registry import ADVANTAGES
+from rlexp.core.stats import group_stats
+
+SCALES = ("group", "batch", "none")
+
+
+def normalize_rewards(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group",
+                      eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's group-relative advantage (DeepSeekMath, 2024): (r - mean_g) / (std + eps).
+
+    ``scale``: ``group`` divides by the group std (GRPO), ``batch`` by the std of all rewards in the
+    batch ("Lite PPO": group mean, batch std; Tricks or Traps, 2025), ``none`` only centres
+    (Dr. GRPO: Understanding R1-Zero-Like Training, 2025)."""
+    if scale not in SCALES:
+        raise ValueError(f"advantage scale={scale!r} is not one of {SCALES}")
+    mean, std, count = group_stats(rewards, group_ids)
+    adv = rewards.float() - mean
+    if scale == "group":
+        adv = adv / (std + eps)
+    elif scale == "batch":
+        r = rewards.float()
+        batch_std = r.std() if r.numel() > 1 else torch.zeros((), device=r.device)
+        adv = adv / (batch_std + eps)
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+@ADVANTAGES.register
+def grpo(batch: RolloutBatch, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
+    """Group-normalised outcome advantage, one value per completion."""
+    return normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps)
+
+
+@ADVANTAGES.register
+def gpg(batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_frac: float = 0.05) -> torch.Tensor:
+    """GPG ("GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", 2025):
+    the group-relative advantage (``scale`` as in :func:`normalize_rewards`) multiplied by
+    α = B / M, where M counts the completions in groups with non-zero reward variance — the gradient
+    of the zero-advantage groups is redistributed to the rest. As in the released code, α is capped
+    at 1 / ``min_valid_frac`` (their ``max(1 − invalid_frac, 0.05)``). (verl's ``gpg`` instead counts
+    completions with a non-zero reward.)"""
+    adv = normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps)
+    _, std, count = group_stats(batch.reward, batch.group_ids)
+    valid_frac = float(((std > 0) & (count > 1)).float().mean()) if len(batch) else 1.0
+    return adv / max(valid_frac, min_valid_frac)

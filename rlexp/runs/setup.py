@@ -1,0 +1,67 @@
+"""What every app does before it builds a model: threads, seeds and device; provenance; trackers; config nodes instantiated with errors that name their key."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def prepare_process(t) -> torch.device:
+    """Threads, every RNG seeded from ``t.seed``, and the device of ``t.device`` (train, eval, bench)."""
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    seed_everything(t.seed)
+    return resolve_device(t.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def write_provenance(cfg: DictConfig, run_dir: Path) -> dict:
+    """config.yaml, overrides.yaml and provenance.json in the run dir (see rlexp.tracking.provenance)."""
+    from rlexp.tracking.provenance import write_provenance as write
+    return write(cfg, run_dir)
+
+
+def build_trackers(cfg: DictConfig, run_dir: Path):
+    from rlexp.tracking.base import JSONLTracker, MultiTracker
+    backends = [instantiate(b) for b in (cfg.tracker.get("backends") or {}).values()]
+    return MultiTracker(backends), JSONLTracker(run_dir / "metrics.jsonl")
+
+
+def build_scheduler(optimizer, warmup_steps: int, mu: int):
+    if warmup_steps <= 0:
+        return None
+    total = warmup_steps * mu
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / total))
+
+
+def build(node, key: str, **kwargs):
+    """``hydra.utils.instantiate`` that reports a failure as one message naming the config key and
+    the original error (Hydra wraps it in InstantiationException)."""
+    from hydra.errors import InstantiationException
+
+    from rlexp.config.schema import ConfigError
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, (ValueError, FileNotFoundError, KeyError, TypeError)):
+            raise ConfigError(f"{key}: {cause}") from cause
+        raise

@@ -1,0 +1,84 @@
+"""Training run assembly: build every part from a composed config (dataset, prompt, rewards, algorithm,
+rollout, model, optimiser, sampler, trackers, evaluators), train, and return the final metrics (the
+Optuna sweeper reads its objective from them). The command is ``rlexp train`` (``rlexp.commands.train``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.config.schema import validate
+from rlexp.runs.setup import build, build_scheduler, build_trackers, prepare_process, write_provenance
+from rlexp.tracking.params import flatten
+
+log = logging.getLogger("rlexp.train")
+
+
+def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=None):
+    """Greedy accuracy on the held-out split (``eval.size`` prompts) and, with ``+benchmark=<entry>``,
+    the benchmarks (``rlexp.evaluation.runner.training_evaluator``); run every trainer.eval_every steps."""
+    evaluators = []
+    if cfg.eval.size > 0:
+        from rlexp.evaluation.greedy import GreedyEvaluator
+        evaluators.append(GreedyEvaluator(data.eval[: cfg.eval.size], prompt_format, rollout, cfg.trainer.accuracy_term and
+                                          instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
+                                          max_new_tokens=cfg.eval.max_new_tokens))
+    if cfg.get("benchmark"):
+        from rlexp.evaluation.runner import training_evaluator
+        evaluators.append(training_evaluator(cfg, data, rollout, consistency))
+    if len(evaluators) <= 1:
+        return evaluators[0] if evaluators else None
+    return lambda model, tok, step: {k: v for e in evaluators for k, v in e(model, tok, step).items()}
+
+
+def run(cfg: DictConfig, callbacks: list | None = None):
+    """Build everything from a composed config and train. Returns ``TrainResult``."""
+    from rlexp.models.loading import load_model
+    from rlexp.tracking.provenance import finish_provenance, run_tags
+    from rlexp.trainer.loop import Trainer
+    validate(cfg)
+    from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
+    callbacks = [*(callbacks or []), *sweep_callbacks(cfg)]
+    t = cfg.trainer
+    device = prepare_process(t)
+    run_dir = Path(t.run_dir)
+    prov = write_provenance(cfg, run_dir)
+    data = build(cfg.dataset, "dataset")
+    prompt_format = build(cfg.prompt, "prompt")
+    reward_terms = {name: build(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
+    algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
+    rollout = build(cfg.rollout, "rollout")
+    loaded = load_model(cfg.model, device)
+    optimizer = build(cfg.optimizer, "optimizer")(loaded.model.parameters())
+    sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
+    scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
+    tracker, jsonl = build_trackers(cfg, run_dir)
+    from rlexp.evaluation.consistency import meter_from_config
+    consistency = meter_from_config(cfg.consistency) if "consistency" in cfg else None
+    container = OmegaConf.to_container(cfg, resolve=True)
+    tags = run_tags(cfg, prov, run_dir)
+    trainer = Trainer(
+        settings=t, model=loaded.model, tokenizer=loaded.tokenizer, algorithm=algorithm, reward_terms=reward_terms,
+        rollout=rollout, data=data, prompt_format=prompt_format, optimizer=optimizer, scheduler=scheduler,
+        tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
+        params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
+        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency), callbacks=callbacks,
+        consistency=consistency, sampler=sampler)
+    for cb in callbacks:
+        if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)
+            cb.bind(trainer)
+    status = "FAILED"
+    try:
+        result = trainer.train()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        finish_provenance(run_dir, status)
+    log.info("done: step %d  %s", result.last_step,
+             {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")})
+    return result
