@@ -13,6 +13,7 @@ default now (rows cut by length alone); ``≤ N positions`` adds ``trainer.micro
 prompt`` cuts by length and shares a prompt among the rows of a micro-batch that repeat it; the CPU
 default now takes whichever of the two has fewer positions. TRL pads the whole batch to its longest
 prompt and completion (positions only)."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,18 @@ def rollout(cfg, lm, threads: int, cache: Path) -> RolloutBatch:
         out = HFRollout(max_new_tokens=t.max_new_tokens).generate(lm.model, lm.tokenizer, prompts, t.num_generations)
     print(f"rollout {time.perf_counter() - t0:.0f} s on {threads} threads")
     n = out.completion_ids.shape[0]
-    batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
-                         completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
-                         group_ids=torch.arange(n) // t.num_generations, prompts=[""] * n, completions=out.texts,
-                         records=[{}] * n)
+    batch = RolloutBatch(
+        prompt_ids=out.prompt_ids,
+        prompt_mask=out.prompt_mask,
+        completion_ids=out.completion_ids,
+        completion_mask=out.completion_mask,
+        sampling_logprobs=out.logprobs,
+        truncated=out.truncated,
+        group_ids=torch.arange(n) // t.num_generations,
+        prompts=[""] * n,
+        completions=out.texts,
+        records=[{}] * n,
+    )
     torch.save(batch, cache)
     return batch
 
@@ -87,19 +96,24 @@ def main() -> None:
 
     def planner(keep_groups: bool, share: bool):
         """micro-batches with or without whole groups, and with or without the shared prompt forward"""
+
         def plan(b, micro, _share, tokens):
             p, pm, cm = b.prompt_ids, b.prompt_mask, b.completion_mask
-            rows = plans.micro_batches(len(b), micro, b.lengths, tokens, pm.sum(1),
-                                          b.group_ids if keep_groups else None)
+            rows = plans.micro_batches(
+                len(b), micro, b.lengths, tokens, pm.sum(1), b.group_ids if keep_groups else None
+            )
             return [plans.MicroBatch(idx, p, pm, cm, share) for idx in rows]
+
         return plan
 
-    plans = [("groups, per row (CUDA before)", planner(True, False), False, args.micro_batch, None),
-             ("rows, per row (CUDA now)", planner(False, False), False, args.micro_batch, None),
-             (f"rows, per row, ≤ {args.budget} positions, no row cap", planner(False, False), False, 0, args.budget),
-             ("groups, shared prompt (CPU before)", planner(True, True), True, args.micro_batch, None),
-             ("rows, shared prompt where rows repeat one", planner(False, True), True, args.micro_batch, None),
-             ("shared prompt, the plan with fewer positions (CPU now)", original, True, args.micro_batch, None)]
+    plans = [
+        ("groups, per row (CUDA before)", planner(True, False), False, args.micro_batch, None),
+        ("rows, per row (CUDA now)", planner(False, False), False, args.micro_batch, None),
+        (f"rows, per row, ≤ {args.budget} positions, no row cap", planner(False, False), False, 0, args.budget),
+        ("groups, shared prompt (CPU before)", planner(True, True), True, args.micro_batch, None),
+        ("rows, shared prompt where rows repeat one", planner(False, True), True, args.micro_batch, None),
+        ("shared prompt, the plan with fewer positions (CPU now)", original, True, args.micro_batch, None),
+    ]
     best: dict[str, dict] = {}
     for round_ in range(args.rounds):
         for name, plan_fn, share, micro, budget in plans:
@@ -110,13 +124,30 @@ def main() -> None:
             seconds = None
             if not args.positions_only:
                 t0 = time.perf_counter()
-                m = optimize.policy_update(model, opt, None, batch, algo, mu=1, micro_batch=micro, temperature=1.0,
-                                           max_grad_norm=1.0, autocast_dtype=autocast, share_prompts=share,
-                                           micro_batch_tokens=budget)
+                m = optimize.policy_update(
+                    model,
+                    opt,
+                    None,
+                    batch,
+                    algo,
+                    mu=1,
+                    micro_batch=micro,
+                    temperature=1.0,
+                    max_grad_norm=1.0,
+                    autocast_dtype=autocast,
+                    share_prompts=share,
+                    micro_batch_tokens=budget,
+                )
                 seconds = time.perf_counter() - t0
                 assert m["train/micro_batches"] == len(plan)
-            row = {"plan": name, "round": round_, "micro_batches": len(plan), "positions": positions,
-                   "padding_share": 1 - sum(mb.tokens for mb in plan) / positions, "train_s": seconds}
+            row = {
+                "plan": name,
+                "round": round_,
+                "micro_batches": len(plan),
+                "positions": positions,
+                "padding_share": 1 - sum(mb.tokens for mb in plan) / positions,
+                "train_s": seconds,
+            }
             print(json.dumps(row), flush=True)
             if name not in best or (seconds or 0) < (best[name]["train_s"] or 0):
                 best[name] = row
@@ -127,19 +158,29 @@ def main() -> None:
     p_len, c_len = batch.prompt_mask.sum(1), lengths
     trl = len(batch) * (int(p_len.max()) + int(c_len.max()))
     real = int(p_len.sum() + c_len.sum())
-    lines = [f"# Micro-batch plans on one SmolLM2 rollout (16 × 8 × 256, micro-batch {args.micro_batch})", "",
-             f"`python benchmarks/micro_batch_ab.py --threads {args.threads}`: {len(batch)} completions, "
-             f"mean length {float(c_len.float().mean()):.1f}, max {int(c_len.max())}, "
-             f"{int((c_len == int(c_len.max())).sum())} at the max; prompts {int(p_len.min())}–{int(p_len.max())} tokens. "
-             f"Train: one forward + backward + clipping of the whole batch on this CPU ({args.threads} threads, "
-             f"autocast {str(autocast).replace('torch.', '')}), the fastest of {args.rounds} rounds over the plans.", "",
-             "| plan | micro-batches | padded positions | padding share | train s |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Micro-batch plans on one SmolLM2 rollout (16 × 8 × 256, micro-batch {args.micro_batch})",
+        "",
+        f"`python benchmarks/micro_batch_ab.py --threads {args.threads}`: {len(batch)} completions, "
+        f"mean length {float(c_len.float().mean()):.1f}, max {int(c_len.max())}, "
+        f"{int((c_len == int(c_len.max())).sum())} at the max; prompts {int(p_len.min())}–{int(p_len.max())} tokens. "
+        f"Train: one forward + backward + clipping of the whole batch on this CPU ({args.threads} threads, "
+        f"autocast {str(autocast).replace('torch.', '')}), the fastest of {args.rounds} rounds over the plans.",
+        "",
+        "| plan | micro-batches | padded positions | padding share | train s |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         t = "-" if r["train_s"] is None else f"{r['train_s']:.1f}"
         lines.append(f"| {r['plan']} | {r['micro_batches']} | {r['positions']:,} | {r['padding_share']:.2f} | {t} |")
-    lines.append(f"| TRL (whole batch padded) | {len(batch) // args.micro_batch} | {trl:,} | {1 - real / trl:.2f} | - |")
-    lines += ["", "Padded positions: rows × (prompt + completion window) per micro-batch, a shared prompt counted "
-              "once; padding share: the part of them that is padding."]
+    lines.append(
+        f"| TRL (whole batch padded) | {len(batch) // args.micro_batch} | {trl:,} | {1 - real / trl:.2f} | - |"
+    )
+    lines += [
+        "",
+        "Padded positions: rows × (prompt + completion window) per micro-batch, a shared prompt counted "
+        "once; padding share: the part of them that is padding.",
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -12,6 +12,7 @@ on the CPU = 5 rows of SmolLM2's vocabulary, so 52 chunks of ~11 slicing/copy/re
 these 256 tokens). With CUDA's 2^26-logit chunks (``--cuda-chunks``, one chunk here): shared 14,097,
 per row 6,655, TRL's form 7,128 — on CUDA our per-row forward/backward dispatches 7 % fewer ops than
 TRL's."""
+
 from __future__ import annotations
 
 import torch
@@ -26,23 +27,36 @@ from rlexp.rollout.hf import HFRollout
 
 def main() -> None:
     import sys
-    if "--cuda-chunks" in sys.argv:   # the chunk size selected_logprobs picks on CUDA
+
+    if "--cuda-chunks" in sys.argv:  # the chunk size selected_logprobs picks on CUDA
         import functools
 
         import rlexp.core.forward as policy
-        policy.selected_logprobs = functools.partial(policy.selected_logprobs, chunk_elements=2 ** 26)
+
+        policy.selected_logprobs = functools.partial(policy.selected_logprobs, chunk_elements=2**26)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/smollm2_135m.yaml"), torch.device("cpu"))
     model, tok = lm.model, lm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-               for q in ("What is 3 + 4?", "What is 12 * 3?")]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in ("What is 3 + 4?", "What is 12 * 3?")
+    ]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = HFRollout(max_new_tokens=16).generate(model, tok, prompts, 8)
 
     def ours(share: bool):
-        lp, _ = token_logprobs(model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 1.0,
-                               with_entropy=True, autocast_dtype=torch.bfloat16, share_prompts=share)
+        lp, _ = token_logprobs(
+            model,
+            out.prompt_ids,
+            out.prompt_mask,
+            out.completion_ids,
+            out.completion_mask,
+            1.0,
+            with_entropy=True,
+            autocast_dtype=torch.bfloat16,
+            share_prompts=share,
+        )
         (lp * out.completion_mask).sum().backward()
 
     def trl_form():
@@ -53,9 +67,12 @@ def main() -> None:
         lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, out.completion_ids[..., None]).squeeze(-1)
         (lp * out.completion_mask).sum().backward()
 
-    for name, fn in (("shared prompt forward", lambda: ours(True)), ("one forward per row", lambda: ours(False)),
-                     ("TRL's form", trl_form)):
-        fn()   # warm
+    for name, fn in (
+        ("shared prompt forward", lambda: ours(True)),
+        ("one forward per row", lambda: ours(False)),
+        ("TRL's form", trl_form),
+    ):
+        fn()  # warm
         with profile() as prof:
             fn()
         events = [e for e in prof.events() if e.name.startswith("aten::")]

@@ -1,4 +1,5 @@
 """Shared test helpers: compose the train app's config the way the CLI does, on the tiny model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +14,19 @@ from omegaconf import OmegaConf, open_dict
 from rlexp.config.paths import CONF_DIR
 from rlexp.models.loading import load_model
 
-TINY = ["model=tiny", "trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.num_generations=4",
-        "trainer.max_new_tokens=12", "trainer.micro_batch_size=4", "tracker=none", "trainer.progress=false",
-        "dataset.train_size=64", "dataset.eval_size=8", "trainer.checkpoint_every=0"]
+TINY = [
+    "model=tiny",
+    "trainer.max_steps=2",
+    "trainer.prompts_per_step=2",
+    "trainer.num_generations=4",
+    "trainer.max_new_tokens=12",
+    "trainer.micro_batch_size=4",
+    "tracker=none",
+    "trainer.progress=false",
+    "dataset.train_size=64",
+    "dataset.eval_size=8",
+    "trainer.checkpoint_every=0",
+]
 
 
 def compose_train(overrides: list[str], run_dir: Path, config_name: str = "config"):
@@ -38,6 +49,7 @@ def compose_train(overrides: list[str], run_dir: Path, config_name: str = "confi
 def tiny_cfg(tmp_path):
     def make(*overrides: str, config_name: str = "config"):
         return compose_train([*TINY, *overrides], tmp_path / "run", config_name)
+
     return make
 
 
@@ -49,18 +61,25 @@ def tiny():
 
 def chat_prompts(tok, n=3):
     """Chat-templated prompts of different lengths (left padding and position ids are exercised)."""
-    return [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {7 * i + 3}?" * (i + 1)}],
-                                    tokenize=False, add_generation_prompt=True) for i in range(n)]
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {7 * i + 3}?" * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(n)
+    ]
 
 
 def decode_state(lm, sampling, step: int = 1):
     """The ``StaticDecodeState`` of a captured-decode rollout (2 × 3 chat prompts, 8 tokens, blocks of 4)
     on ``lm``, rewound to token ``step`` so that more steps fit in its buffers."""
     from rlexp.rollout.decode import DecodeLoop
+
     tok = lm.tokenizer
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
     loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
     loop.run(lm.model, enc["input_ids"], enc["attention_mask"], 2, 8, [-1], tok.pad_token_id, sampling)
-    (state, _, _), = loop._states.values()
+    ((state, _, _),) = loop._states.values()
     state.t.fill_(step)
     return state

@@ -4,6 +4,7 @@ output shape depends on the data (``nonzero``, boolean indexing, ``unique``, ``m
 ``repeat_interleave`` without ``output_size``) or a tensor comparison returning a Python bool.
 Host-side copies (``.cpu()``, ``.tolist()`` of a CPU tensor) do not dispatch on the CPU and are not
 seen."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
-SYNCING = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_dim,
-           aten.unique_consecutive, aten.equal, aten.is_nonzero, aten.multinomial}
+SYNCING = {
+    aten._local_scalar_dense,
+    aten.nonzero,
+    aten.masked_select,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+    aten.equal,
+    aten.is_nonzero,
+    aten.multinomial,
+}
 
 
 class HostSyncs(TorchDispatchMode):
@@ -40,7 +50,8 @@ class HostSyncs(TorchDispatchMode):
         kwargs = kwargs or {}
         packet = func.overloadpacket
         bool_index = packet in (aten.index, aten.index_put, aten.index_put_) and any(
-            torch.is_tensor(i) and i.dtype == torch.bool for i in (args[1] or []) if i is not None)
+            torch.is_tensor(i) and i.dtype == torch.bool for i in (args[1] or []) if i is not None
+        )
         data_shape = func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None
         if packet in SYNCING or bool_index or data_shape:
             caller = self._caller()

@@ -1,4 +1,5 @@
 """`rlexp bench` at the tiny size: the report's content is checked, not speed."""
+
 from __future__ import annotations
 
 import csv
@@ -18,8 +19,10 @@ from tests.conftest import compose_train
 
 REPO = Path(__file__).resolve().parent.parent
 # mlflow and wandb are missing on the GPU machine: the harness must run without them
-RUN = ("import sys, runpy; sys.modules['mlflow'] = None; sys.modules['wandb'] = None; "
-       "runpy.run_module('rlexp.commands.bench', run_name='__main__', alter_sys=True)")
+RUN = (
+    "import sys, runpy; sys.modules['mlflow'] = None; sys.modules['wandb'] = None; "
+    "runpy.run_module('rlexp.commands.bench', run_name='__main__', alter_sys=True)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +31,15 @@ def tiny_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "results"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-c", RUN, "bench_setting=tiny", f"bench.out_dir={out}", f"hydra.run.dir={tmp / 'run'}",
-           "bench.profile=true"]
+    cmd = [
+        sys.executable,
+        "-c",
+        RUN,
+        "bench_setting=tiny",
+        f"bench.out_dir={out}",
+        f"hydra.run.dir={tmp / 'run'}",
+        "bench.profile=true",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, json.loads((out / "tiny-cpu.json").read_text())
@@ -37,8 +47,12 @@ def tiny_report(tmp_path_factory):
 
 def test_files_are_written_and_named_by_setting_and_device(tiny_report):
     out, report = tiny_report
-    assert sorted(p.name for p in out.iterdir()) == ["tiny-cpu-profile.txt", "tiny-cpu.csv", "tiny-cpu.json",
-                                                     "tiny-cpu.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "tiny-cpu-profile.txt",
+        "tiny-cpu.csv",
+        "tiny-cpu.json",
+        "tiny-cpu.md",
+    ]
     assert report["setting"] == "tiny" and report["device_slug"] == "cpu"
     assert report["command"].startswith("python3 -m rlexp.commands.bench bench_setting=tiny")
 
@@ -51,7 +65,7 @@ def test_profile_of_one_extra_step_by_phase(tiny_report):
     assert set(phases) == {"rlexp.generate", "rlexp.score", "rlexp.train"}
     for name in ("rlexp.generate", "rlexp.train"):
         assert phases[name]["wall_ms"] > 0 and phases[name]["aten_ops"] > 100
-        assert phases[name]["kernels"] == 0          # CPU: no device kernels
+        assert phases[name]["kernels"] == 0  # CPU: no device kernels
     text = (out / "tiny-cpu-profile.txt").read_text()
     assert "| rlexp.train |" in text and "aten::mm" in text
     assert "| rlexp.generate |" in (out / "tiny-cpu.md").read_text()
@@ -61,7 +75,9 @@ def test_rows_for_both_trainers_alternate(tiny_report):
     _, r = tiny_report
     total = r["warmup_steps"] + r["measured_steps"]
     assert (r["warmup_steps"], r["measured_steps"]) == (1, 2)
-    assert [(x["trainer"], x["step"]) for x in r["steps"]] == [(t, k) for k in range(1, total + 1) for t in ("ours", "trl")]
+    assert [(x["trainer"], x["step"]) for x in r["steps"]] == [
+        (t, k) for k in range(1, total + 1) for t in ("ours", "trl")
+    ]
     assert [x["warmup"] for x in r["steps"]] == [k <= r["warmup_steps"] for k in range(1, total + 1) for _ in "ab"]
     assert set(r["summary"]) == {"ours", "trl"}
 
@@ -95,8 +111,9 @@ def test_summary_is_the_median_step_and_ratio_is_trl_over_ours(tiny_report):
             assert s[k] == pytest.approx(sum(x[k] for x in meas) / 2)  # two steps: the mean of both
         assert s["generate_s"] + s["score_s"] + s["train_s"] + s["other_s"] == pytest.approx(s["step_s"])
         assert s["peak_mem_mb"] == max(x["peak_mem_mb"] for x in meas)
-        assert s["tokens_per_s_all"] == pytest.approx(sum(x["completion_tokens"] for x in meas) /
-                                                      sum(x["step_s"] for x in meas))
+        assert s["tokens_per_s_all"] == pytest.approx(
+            sum(x["completion_tokens"] for x in meas) / sum(x["step_s"] for x in meas)
+        )
     for k in COLUMNS:
         ours, trl = r["summary"]["ours"][k], r["summary"]["trl"][k]
         assert r["ratio"][k] == (pytest.approx(trl / ours) if ours else None), k
@@ -131,15 +148,35 @@ def test_both_trainers_saw_the_same_prompts_eos_and_precision(tiny_report):
 
 # ---- the report's arithmetic on hand-made rows --------------------------------------------------------
 
+
 def _row(step, gen, score, train, step_s, tokens=100.0, peak=10.0, warm=False):
-    return {"step": step, "generate_s": gen, "score_s": score, "train_s": train, "step_s": step_s,
-            "completion_tokens": tokens, "completions": 4, "max_length": 30.0, "reward_mean": 0.5, "peak_mem_mb": peak,
-            "mem_delta_mb": peak / 2, "load1": 1.0}
+    return {
+        "step": step,
+        "generate_s": gen,
+        "score_s": score,
+        "train_s": train,
+        "step_s": step_s,
+        "completion_tokens": tokens,
+        "completions": 4,
+        "max_length": 30.0,
+        "reward_mean": 0.5,
+        "peak_mem_mb": peak,
+        "mem_delta_mb": peak / 2,
+        "load1": 1.0,
+    }
 
 
 def test_summarise_odd_count_takes_the_middle_step_and_skips_warmup():
-    rows = _finish([_row(1, 9, 9, 9, 99, peak=500), _row(2, 1, 0.5, 2, 4), _row(3, 2, 0.5, 3, 6, peak=30),
-                    _row(4, 1, 0.1, 1, 2.5, tokens=50)], "ours", warmup=1)
+    rows = _finish(
+        [
+            _row(1, 9, 9, 9, 99, peak=500),
+            _row(2, 1, 0.5, 2, 4),
+            _row(3, 2, 0.5, 3, 6, peak=30),
+            _row(4, 1, 0.1, 1, 2.5, tokens=50),
+        ],
+        "ours",
+        warmup=1,
+    )
     assert [x["warmup"] for x in rows] == [True, False, False, False]
     s = summarise(rows)
     assert s["steps"] == 3 and s["step_s"] == 4 and s["generate_s"] == 1 and s["train_s"] == 2
@@ -151,8 +188,9 @@ def test_summarise_odd_count_takes_the_middle_step_and_skips_warmup():
 
 
 def test_summarise_even_count_averages_the_two_middle_steps():
-    rows = _finish([_row(1, 1, 0, 1, 3), _row(2, 2, 0, 2, 5), _row(3, 3, 0, 3, 7), _row(4, 4, 0, 4, 100)],
-                   "trl", warmup=0)
+    rows = _finish(
+        [_row(1, 1, 0, 1, 3), _row(2, 2, 0, 2, 5), _row(3, 3, 0, 3, 7), _row(4, 4, 0, 4, 100)], "trl", warmup=0
+    )
     s = summarise(rows)
     assert s["step_s"] == 6 and s["generate_s"] == 2.5 and s["other_s"] == pytest.approx(1.0)
     assert s["tokens_per_s"] == pytest.approx(100 / 6)
@@ -173,12 +211,20 @@ def test_phases_never_exceed_the_step():
 
 # ---- settings ------------------------------------------------------------------------------------
 
+
 def _bench_cfg(tmp_path, *overrides):
     return compose_train(list(overrides), tmp_path / "run", config_name="bench")
 
 
-@pytest.mark.parametrize("setting,shape", [("cpu", (2, 8, 64, 16, "cpu")), ("gpu", (16, 8, 256, 32, "cuda")),
-                                           ("gpu_large", (64, 8, 256, 64, "cuda")), ("tiny", (2, 4, 12, 4, "cpu"))])
+@pytest.mark.parametrize(
+    "setting,shape",
+    [
+        ("cpu", (2, 8, 64, 16, "cpu")),
+        ("gpu", (16, 8, 256, 32, "cuda")),
+        ("gpu_large", (64, 8, 256, 64, "cuda")),
+        ("tiny", (2, 4, 12, 4, "cpu")),
+    ],
+)
 def test_settings_compose_and_are_comparable(tmp_path, setting, shape):
     cfg = _bench_cfg(tmp_path, f"bench_setting={setting}")
     t = trainer_settings(cfg)
@@ -188,11 +234,16 @@ def test_settings_compose_and_are_comparable(tmp_path, setting, shape):
     check_comparable(cfg, t)
 
 
-@pytest.mark.parametrize("override,key", [("algorithm.kl.coef=0.04", "algorithm.kl.coef"),
-                                          ("reward=accuracy_format", "reward.terms"),
-                                          ("algorithm=dr_grpo", "algorithm.aggregation"),
-                                          ("trainer.num_iterations=2", "trainer.num_iterations"),
-                                          ("trainer.micro_batch_size=3", "trainer.micro_batch_size")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("algorithm.kl.coef=0.04", "algorithm.kl.coef"),
+        ("reward=accuracy_format", "reward.terms"),
+        ("algorithm=dr_grpo", "algorithm.aggregation"),
+        ("trainer.num_iterations=2", "trainer.num_iterations"),
+        ("trainer.micro_batch_size=3", "trainer.micro_batch_size"),
+    ],
+)
 def test_incomparable_settings_are_refused(tmp_path, override, key):
     cfg = _bench_cfg(tmp_path, "bench_setting=tiny", override)
     with pytest.raises(ConfigError, match=key):
@@ -201,6 +252,7 @@ def test_incomparable_settings_are_refused(tmp_path, override, key):
 
 def test_cli_dispatches_bench(capsys):
     from rlexp.cli import main
+
     main(["bench", "bench_setting=gpu_large", "--cfg", "job"])
     printed = capsys.readouterr().out
     assert "prompts_per_step: 64" in printed and "max_new_tokens: 256" in printed and "setting: gpu_large" in printed
@@ -210,11 +262,14 @@ def test_prompt_check_catches_trl_seeing_other_prompts(tmp_path, monkeypatch):
     """The same-prompts check is real: feed TRL the prompts in reverse order and it reports False."""
     from rlexp.bench import harness as bench
     from rlexp.bench import trl_side as bench_trl
+
     original = bench_trl.bench_dataset
     monkeypatch.setattr(bench_trl, "bench_dataset", lambda records, fmt: original(records[::-1], fmt))
-    cfg = _bench_cfg(tmp_path, "bench_setting=tiny", "bench.warmup_steps=0", "bench.steps=1",
-                     f"bench.out_dir={tmp_path / 'out'}")
+    cfg = _bench_cfg(
+        tmp_path, "bench_setting=tiny", "bench.warmup_steps=0", "bench.steps=1", f"bench.out_dir={tmp_path / 'out'}"
+    )
     import torch
+
     threads = torch.get_num_threads()
     try:
         report = bench.run(cfg, "test")

@@ -1,5 +1,6 @@
 """`rlexp compare` on three runs (two seeds of GRPO, one of Dr. GRPO) in one MLflow store: the
 terminal table, the markdown/CSV tables (mean ± std over seeds) and the PNG curves."""
+
 import csv
 import statistics
 
@@ -20,10 +21,19 @@ def three_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{root / 'mlruns.db'}"
     for algo, seed in RUNS:
-        cfg = compose_train([*TINY, f"algorithm={algo}", f"trainer.seed={seed}", "trainer.max_steps=3", FINGERPRINT,
-                             "tracker=mlflow", f"tracker.backends.mlflow.tracking_uri={uri}",
-                             f"tracker.backends.mlflow.artifact_location={root / 'art'}"],
-                            root / "runs" / f"{algo}-s{seed}")
+        cfg = compose_train(
+            [
+                *TINY,
+                f"algorithm={algo}",
+                f"trainer.seed={seed}",
+                "trainer.max_steps=3",
+                FINGERPRINT,
+                "tracker=mlflow",
+                f"tracker.backends.mlflow.tracking_uri={uri}",
+                f"tracker.backends.mlflow.artifact_location={root / 'art'}",
+            ],
+            root / "runs" / f"{algo}-s{seed}",
+        )
         run(cfg)
     return root, uri
 
@@ -78,8 +88,18 @@ def test_compare_from_mlflow_prints_table_writes_tables_and_curves(three_runs, t
 
 def test_compare_filters_by_tag_and_reads_run_dirs(three_runs, tmp_path, capsys):
     root, uri = three_runs
-    compare_main(["--tracking-uri", uri, "--tag", "algorithm=dr_grpo", "--out", str(tmp_path / "f"),
-                  "--metrics", "reward/mean,entropy/mean"])
+    compare_main(
+        [
+            "--tracking-uri",
+            uri,
+            "--tag",
+            "algorithm=dr_grpo",
+            "--out",
+            str(tmp_path / "f"),
+            "--metrics",
+            "reward/mean,entropy/mean",
+        ]
+    )
     assert "1 runs, 1 groups" in capsys.readouterr().out
     with open(tmp_path / "f" / "compare_runs.csv") as f:
         rows = list(csv.DictReader(f))

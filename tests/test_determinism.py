@@ -1,6 +1,7 @@
 """One seed (trainer.seed) drives Python, NumPy, torch and the data (generation and order): two CPU
 runs with the same seed produce the same first-step prompts, completions and rewards; another seed
 produces different ones."""
+
 import random
 import zlib
 
@@ -16,6 +17,7 @@ from tests.conftest import TINY, compose_train
 class TextFingerprint(RewardTerm):
     """A reward that differs between completions (the tiny random model never earns accuracy):
     a hash of the completion text in [0, 1). Records what it scored, in order."""
+
     seen: list = []
 
     def score(self, sample):
@@ -29,8 +31,9 @@ FINGERPRINT = "+reward.terms.fingerprint={_target_: tests.test_determinism.TextF
 
 def first_step(tmp_path, name, seed):
     TextFingerprint.seen = []
-    cfg = compose_train([*TINY, "trainer.max_steps=1", f"trainer.seed={seed}", "trainer.device=cpu", FINGERPRINT],
-                        tmp_path / name)
+    cfg = compose_train(
+        [*TINY, "trainer.max_steps=1", f"trainer.seed={seed}", "trainer.device=cpu", FINGERPRINT], tmp_path / name
+    )
     result = run(cfg)
     return list(TextFingerprint.seen), result.metrics
 
@@ -51,6 +54,7 @@ def test_same_seed_same_first_step_rewards_other_seed_differs(tmp_path):
 def test_seed_everything_seeds_python_numpy_torch():
     def draw():
         return random.random(), float(np.random.rand()), float(torch.rand(1))
+
     seed_everything(11)
     first = draw()
     seed_everything(11)

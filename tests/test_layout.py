@@ -60,5 +60,7 @@ def test_the_walk_sees_function_level_imports(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (pkg / "part.py").write_text("def f():\n    from rlexp.trainer.loop import Trainer\n    return Trainer\n")
     monkeypatch.setitem(globals(), "PKG", tmp_path / "rlexp")
-    assert violations("algorithms") == ["rlexp/algorithms/part.py:2 imports rlexp.trainer.loop",
-                                        "rlexp/algorithms/part.py:2 imports rlexp.trainer.loop.Trainer"]
+    assert violations("algorithms") == [
+        "rlexp/algorithms/part.py:2 imports rlexp.trainer.loop",
+        "rlexp/algorithms/part.py:2 imports rlexp.trainer.loop.Trainer",
+    ]

@@ -1,4 +1,5 @@
 """`rlexp list`: groups, algorithms with paper and mechanism, any other group, unknown groups."""
+
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,12 @@ def test_list_algorithms_shows_paper_and_mechanism_of_every_method(capsys):
 def test_my_algorithm_configs_name_paper_mechanism_and_a_header():
     for f in sorted((CONF / "algorithm").glob("*.yaml")):
         if f.stem.startswith(("grpo_care", "grpo_lambda")):
-            continue   # owned by another part of the library
+            continue  # owned by another part of the library
         raw = yaml.safe_load(f.read_text())
         assert raw["name"] == f.stem, f
         assert raw["paper"].endswith(")") and raw["mechanism"], f
         header = " ".join(listing.header_lines(f))
-        assert "From the " in header and "Our choice" in header, f   # what the paper fixes vs what we chose
+        assert "From the " in header and "Our choice" in header, f  # what the paper fixes vs what we chose
 
 
 def test_other_groups_use_the_header_line(capsys, tmp_path):
@@ -46,8 +47,11 @@ def test_other_groups_use_the_header_line(capsys, tmp_path):
     (tmp_path / "widget" / "big.yaml").write_text("# @package _global_\n# A big widget.\n# More.\nsize: 3\n")
     (tmp_path / "widget" / "odd.yaml").write_text("# Reads ${missing.key}\nvalue: ${missing.key}\n")
     text = listing.format_group("widgets", tmp_path)
-    assert text.splitlines() == ["widget (2 entries; pick one with `widget=<entry>`)",
-                                 "  big  A big widget.", "  odd  Reads ${missing.key}"]
+    assert text.splitlines() == [
+        "widget (2 entries; pick one with `widget=<entry>`)",
+        "  big  A big widget.",
+        "  odd  Reads ${missing.key}",
+    ]
     cli_main(["list", "models"])
     out = capsys.readouterr().out
     assert "tiny" in out and "smollm2_135m" in out

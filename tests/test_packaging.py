@@ -10,6 +10,7 @@ steps of the tiny model from an empty directory.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -24,25 +25,56 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel_env(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(root / "dist")], check=True, cwd=root)
+    # build from a copy of the sources: an in-tree build leaves build/lib behind, whose stale modules a later
+    # wheel would pick up
+    src = root / "src"
+    skip = (".git", ".venv", "results", "outputs", "multirun", "build", "*.egg-info", "__pycache__", "mlruns*", "wandb")
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(*skip))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "dist"),
+        ],
+        check=True,
+        cwd=root,
+    )
     wheel = next((root / "dist").glob("rlexp-*.whl"))
     env = root / "env"
     venv.EnvBuilder(with_pip=False).create(env)
     py = env / "bin" / "python"
-    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deps = [p for p in site.getsitepackages() if Path(p).is_dir()]
     Path(purelib, "_deps_from_dev_env.pth").write_text("\n".join(deps) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, cwd=root)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        cwd=root,
+    )
     return env
 
 
 def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
     py = wheel_env / "bin" / "python"
-    out = subprocess.run([py, "-c", "import rlexp, rlexp.config.paths as p; print(rlexp.__file__); print(p.CONF_DIR)"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
+    out = subprocess.run(
+        [py, "-c", "import rlexp, rlexp.config.paths as p; print(rlexp.__file__); print(p.CONF_DIR)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.split()
     assert out[0].startswith(str(wheel_env)), f"rlexp imported from {out[0]}, not from the wheel"
     conf = Path(out[1])
     assert (conf / "config.yaml").is_file() and (conf / "algorithm" / "grpo.yaml").is_file()
@@ -51,9 +83,17 @@ def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
 
 def test_rlexp_train_runs_from_an_empty_directory(wheel_env, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    cmd = [str(wheel_env / "bin" / "rlexp"), "train", "model=tiny", "trainer.max_steps=2", "tracker=none",
-           "trainer.progress=false", "trainer.prompts_per_step=2", "trainer.num_generations=2",
-           "trainer.max_new_tokens=8"]
+    cmd = [
+        str(wheel_env / "bin" / "rlexp"),
+        "train",
+        "model=tiny",
+        "trainer.max_steps=2",
+        "tracker=none",
+        "trainer.progress=false",
+        "trainer.prompts_per_step=2",
+        "trainer.num_generations=2",
+        "trainer.max_new_tokens=8",
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = list(tmp_path.glob("outputs/*/*/metrics.jsonl"))

@@ -20,7 +20,7 @@ def packages() -> set[str]:
 
 def code_map() -> set[str]:
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Code map"):]
+    section = text[text.index("## Code map") :]
     section = section[: section.index("\n## ", 3)]
     return set(re.findall(r"^\| `(rlexp/[\w/]+/)` \|", section, re.M))
 

@@ -1,6 +1,7 @@
 """`rlexp train` killed with SIGKILL in the middle of a run resumes from its last checkpoint into the
 same MLflow run when re-run with the same hydra.run.dir: every step is logged exactly once, in
 metrics.jsonl and in MLflow."""
+
 import json
 import os
 import signal
@@ -17,10 +18,22 @@ MAX_STEPS = 10
 
 
 def train_cmd(run_dir: Path) -> list[str]:
-    return [str(Path(sys.executable).parent / "rlexp"), "train", "model=tiny", f"trainer.max_steps={MAX_STEPS}",
-            "trainer.prompts_per_step=2", "trainer.num_generations=4", "trainer.max_new_tokens=8",
-            "trainer.micro_batch_size=4", "trainer.checkpoint_every=3", "trainer.progress=false",
-            "dataset.train_size=64", "dataset.eval_size=8", "tracker=mlflow", f"hydra.run.dir={run_dir}"]
+    return [
+        str(Path(sys.executable).parent / "rlexp"),
+        "train",
+        "model=tiny",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.prompts_per_step=2",
+        "trainer.num_generations=4",
+        "trainer.max_new_tokens=8",
+        "trainer.micro_batch_size=4",
+        "trainer.checkpoint_every=3",
+        "trainer.progress=false",
+        "dataset.train_size=64",
+        "dataset.eval_size=8",
+        "tracker=mlflow",
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def test_sigkill_mid_run_resumes_into_the_same_run_logging_each_step_once(tmp_path):
@@ -37,7 +50,9 @@ def test_sigkill_mid_run_resumes_into_the_same_run_logging_each_step_once(tmp_pa
             if max((r["step"] for r in read_jsonl(jsonl)), default=0) >= 5:
                 break
             time.sleep(0.05)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+        assert proc.poll() is None, (
+            f"the run ended before it could be killed:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:

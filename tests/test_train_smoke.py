@@ -28,8 +28,9 @@ def test_compiled_training_forward_gives_the_same_steps(tiny_cfg, tmp_path, back
     fast) or compiled by Inductor (slow: ~45 s of compilation on 2 cores) gives the uncompiled run's
     losses and gradient norms, step for step (same seed, same rollouts)."""
     plain = _steps(tiny_cfg("trainer.share_prompt_forward=false"))
-    compiled = _steps(compose_train([*TINY, "trainer.compile=true", f"trainer.compile_backend={backend}"],
-                                    tmp_path / "compiled"))
+    compiled = _steps(
+        compose_train([*TINY, "trainer.compile=true", f"trainer.compile_backend={backend}"], tmp_path / "compiled")
+    )
     for a, b in zip(plain, compiled, strict=True):
         assert a["reward/mean"] == b["reward/mean"]
         for k in ("loss/total", "grad_norm", "entropy/mean"):
@@ -40,8 +41,11 @@ def test_token_budget_micro_batches_give_the_same_steps(tiny_cfg, tmp_path):
     """trainer.micro_batch_tokens cuts the update into micro-batches by padded positions (here many
     small ones): the whole-batch normalisers give the same losses and gradient norms."""
     plain = _steps(tiny_cfg("trainer.share_prompt_forward=false"))
-    budget = _steps(compose_train([*TINY, "trainer.share_prompt_forward=false", "trainer.micro_batch_tokens=48"],
-                                  tmp_path / "budget"))
+    budget = _steps(
+        compose_train(
+            [*TINY, "trainer.share_prompt_forward=false", "trainer.micro_batch_tokens=48"], tmp_path / "budget"
+        )
+    )
     for a, b in zip(plain, budget, strict=True):
         assert a["reward/mean"] == b["reward/mean"]
         for k in ("loss/total", "grad_norm", "entropy/mean"):
@@ -56,9 +60,11 @@ def test_two_cuda_steps_with_each_decode_graph_and_compiled_training(tiny_cfg, g
     import math
 
     import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    rows = _steps(tiny_cfg("trainer.device=cuda", "rollout=hf_static", f"rollout.decode_graph={graph}",
-                           "trainer.compile=true"))
+    rows = _steps(
+        tiny_cfg("trainer.device=cuda", "rollout=hf_static", f"rollout.decode_graph={graph}", "trainer.compile=true")
+    )
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["grad_norm"]) for r in rows)

@@ -1,5 +1,6 @@
 """GPU check: the shared-prompt training forward gives finite gradients equal to the full forward
 (tiny model and SmolLM2, with and without bf16 autocast). Prints SHARE_OK or SHARE_BAD last."""
+
 import os
 
 import torch
@@ -17,16 +18,30 @@ for name in ("smollm2_135m",):
         cfg.gguf_path = os.environ["RLEXP_GGUF"]
     lm = load_model(cfg, dev)
     tok = lm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {3 * i}?" * (i + 1)}],
-                                       tokenize=False, add_generation_prompt=True) for i in range(4)]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {3 * i}?" * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(4)
+    ]
     torch.manual_seed(0)
     out = HFRollout(max_new_tokens=160).generate(lm.model, tok, prompts, 8)
     for ac in (None, torch.bfloat16):
         res = {}
         for share in (False, True):
             lm.model.zero_grad()
-            lp, _ = token_logprobs(lm.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
-                                   1.0, autocast_dtype=ac, share_prompts=share)
+            lp, _ = token_logprobs(
+                lm.model,
+                out.prompt_ids,
+                out.prompt_mask,
+                out.completion_ids,
+                out.completion_mask,
+                1.0,
+                autocast_dtype=ac,
+                share_prompts=share,
+            )
             (lp * out.completion_mask).sum().backward()
             g = torch.cat([p.grad.flatten() for p in lm.model.parameters() if p.grad is not None])
             res[share] = (lp * out.completion_mask, g)

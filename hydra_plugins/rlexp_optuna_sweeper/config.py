@@ -8,7 +8,7 @@ Field names follow the upstream ``hydra-optuna-sweeper`` where the two overlap (
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -26,12 +26,13 @@ class SamplerConfig:
 @dataclass
 class TPESamplerConfig(SamplerConfig):
     """https://optuna.readthedocs.io/en/stable/reference/samplers/generated/optuna.samplers.TPESampler.html"""
+
     _target_: str = "optuna.samplers.TPESampler"
     n_startup_trials: int = 10
     n_ei_candidates: int = 24
     multivariate: Optional[bool] = None
     group: bool = False
-    constant_liar: bool = True           # trials in flight count as "pending" so parallel workers spread out
+    constant_liar: bool = True  # trials in flight count as "pending" so parallel workers spread out
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RandomSamplerConfig(SamplerConfig):
 @dataclass
 class CmaEsSamplerConfig(SamplerConfig):
     """Needs the ``cmaes`` package. Continuous/int parameters only (categoricals fall back to random)."""
+
     _target_: str = "optuna.samplers.CmaEsSampler"
     sigma0: Optional[float] = None
     n_startup_trials: int = 1
@@ -56,6 +58,7 @@ class CmaEsSamplerConfig(SamplerConfig):
 @dataclass
 class GPSamplerConfig(SamplerConfig):
     """Gaussian-process Bayesian optimisation (needs torch and scipy)."""
+
     _target_: str = "optuna.samplers.GPSampler"
     n_startup_trials: int = 10
     deterministic_objective: bool = False
@@ -64,6 +67,7 @@ class GPSamplerConfig(SamplerConfig):
 @dataclass
 class NSGAIISamplerConfig(SamplerConfig):
     """Multi-objective genetic algorithm (also works single-objective)."""
+
     _target_: str = "optuna.samplers.NSGAIISampler"
     population_size: int = 50
     mutation_prob: Optional[float] = None
@@ -75,6 +79,7 @@ class NSGAIISamplerConfig(SamplerConfig):
 class GridSamplerConfig(SamplerConfig):
     """Every combination of the (discrete) search space; ``n_trials`` is capped at the grid size.
     The grid itself is built from ``hydra.sweeper.params``."""
+
     _target_: str = "optuna.samplers.GridSampler"
 
 
@@ -89,6 +94,7 @@ class QMCSamplerConfig(SamplerConfig):
 @dataclass
 class NopPrunerConfig:
     """No pruning; intermediate values are still reported (they show in optuna-dashboard)."""
+
     _target_: str = "optuna.pruners.NopPruner"
 
 
@@ -114,7 +120,7 @@ class PercentilePrunerConfig:
 @dataclass
 class SuccessiveHalvingPrunerConfig:
     _target_: str = "optuna.pruners.SuccessiveHalvingPruner"
-    min_resource: Any = "auto"           # int or "auto"
+    min_resource: Any = "auto"  # int or "auto"
     reduction_factor: int = 4
     min_early_stopping_rate: int = 0
     bootstrap_count: int = 0
@@ -124,7 +130,7 @@ class SuccessiveHalvingPrunerConfig:
 class HyperbandPrunerConfig:
     _target_: str = "optuna.pruners.HyperbandPruner"
     min_resource: int = 1
-    max_resource: Any = "auto"           # int (usually trainer.max_steps) or "auto"
+    max_resource: Any = "auto"  # int (usually trainer.max_steps) or "auto"
     reduction_factor: int = 3
     bootstrap_count: int = 0
 
@@ -142,8 +148,8 @@ class ThresholdPrunerConfig:
 @dataclass
 class RLExpOptunaSweeperConf:
     _target_: str = "hydra_plugins.rlexp_optuna_sweeper.rlexp_optuna_sweeper.RLExpOptunaSweeper"
-    _recursive_: bool = False            # sampler/pruner arrive as configs: built per trial / per job
-    defaults: List[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
+    _recursive_: bool = False  # sampler/pruner arrive as configs: built per trial / per job
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
 
     sampler: Any = MISSING
     pruner: Any = MISSING
@@ -158,17 +164,17 @@ class RLExpOptunaSweeperConf:
     # Optuna storage: null = SQLite file <sweep dir>/<study_name>.db; any SQLAlchemy URL
     # (sqlite:///..., postgresql://...); or journal:<path> for an Optuna journal file
     storage: Optional[str] = None
-    study_name: Optional[str] = None     # null: the Hydra job name
-    n_trials: int = 20                   # trials of the whole study (a resumed/second worker adds up to it)
-    n_jobs: int = 1                      # trials in flight at once (through the launcher)
+    study_name: Optional[str] = None  # null: the Hydra job name
+    n_trials: int = 20  # trials of the whole study (a resumed/second worker adds up to it)
+    n_jobs: int = 1  # trials in flight at once (through the launcher)
     # stop launching once more than this share of n_trials has failed in this sweep process
     max_failure_rate: float = 0.25
-    params: Optional[Dict[str, Any]] = None
+    params: Optional[dict[str, Any]] = None
     # dotted path of fn(cfg, trial) -> None | dict of extra overrides (derived values), upstream's hook
     custom_search_space: Optional[str] = None
-    heartbeat_interval: float = 30.0     # s; a RUNNING trial whose heartbeat is older than grace_period
+    heartbeat_interval: float = 30.0  # s; a RUNNING trial whose heartbeat is older than grace_period
     grace_period: Optional[float] = None  # (default 4 x heartbeat_interval) is taken as interrupted and retried
-    plots: bool = True                   # optimisation-history / Pareto / importance PNGs in the sweep dir
+    plots: bool = True  # optimisation-history / Pareto / importance PNGs in the sweep dir
     # config node of the train app that receives the trial identity (trial.storage/study/number);
     # null for apps without one (then jobs cannot report intermediate values, so nothing is pruned)
     trial_key: Optional[str] = "trial"
@@ -177,14 +183,25 @@ class RLExpOptunaSweeperConf:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(group="hydra/sweeper", name="rlexp_optuna", node=RLExpOptunaSweeperConf, provider=PROVIDER)
-    samplers = {"tpe": TPESamplerConfig, "random": RandomSamplerConfig, "cmaes": CmaEsSamplerConfig,
-                "gp": GPSamplerConfig, "nsgaii": NSGAIISamplerConfig, "grid": GridSamplerConfig,
-                "qmc": QMCSamplerConfig}
+    samplers = {
+        "tpe": TPESamplerConfig,
+        "random": RandomSamplerConfig,
+        "cmaes": CmaEsSamplerConfig,
+        "gp": GPSamplerConfig,
+        "nsgaii": NSGAIISamplerConfig,
+        "grid": GridSamplerConfig,
+        "qmc": QMCSamplerConfig,
+    }
     for name, node in samplers.items():
         cs.store(group="hydra/sweeper/sampler", name=name, node=node, provider=PROVIDER)
-    pruners = {"none": NopPrunerConfig, "median": MedianPrunerConfig, "percentile": PercentilePrunerConfig,
-               "successive_halving": SuccessiveHalvingPrunerConfig, "hyperband": HyperbandPrunerConfig,
-               "threshold": ThresholdPrunerConfig}
+    pruners = {
+        "none": NopPrunerConfig,
+        "median": MedianPrunerConfig,
+        "percentile": PercentilePrunerConfig,
+        "successive_halving": SuccessiveHalvingPrunerConfig,
+        "hyperband": HyperbandPrunerConfig,
+        "threshold": ThresholdPrunerConfig,
+    }
     for name, node in pruners.items():
         cs.store(group="hydra/sweeper/pruner", name=name, node=node, provider=PROVIDER)
 

@@ -1,7 +1,7 @@
 """The Hydra ``Sweeper`` plugin class. Hydra imports every module of ``hydra_plugins`` at start-up,
 so this one stays light: Optuna and the sweep loop (``rlexp.sweeping.runner``) load in ``sweep``."""
 
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
@@ -12,31 +12,61 @@ from . import config as _config  # noqa: F401  (registers hydra/sweeper=rlexp_op
 
 
 class RLExpOptunaSweeper(Sweeper):
-    def __init__(self, sampler: Any, direction: Any, objective: Any, storage: Optional[str], study_name: Optional[str],
-                 n_trials: int, n_jobs: int, max_failure_rate: float, params: Optional[DictConfig],
-                 pruner: Any = None, report_metric: Optional[str] = None, custom_search_space: Optional[str] = None,
-                 heartbeat_interval: float = 30.0, grace_period: Optional[float] = None, plots: bool = True,
-                 trial_key: Optional[str] = "trial") -> None:
-        self.settings = OmegaConf.create({
-            "sampler": sampler, "pruner": pruner, "direction": direction, "objective": objective,
-            "report_metric": report_metric, "storage": storage, "study_name": study_name, "n_trials": n_trials,
-            "n_jobs": n_jobs, "max_failure_rate": max_failure_rate, "params": params,
-            "custom_search_space": custom_search_space, "heartbeat_interval": heartbeat_interval,
-            "grace_period": grace_period, "plots": plots, "trial_key": trial_key})
-        self.config: Optional[DictConfig] = None
+    def __init__(
+        self,
+        sampler: Any,
+        direction: Any,
+        objective: Any,
+        storage: str | None,
+        study_name: str | None,
+        n_trials: int,
+        n_jobs: int,
+        max_failure_rate: float,
+        params: DictConfig | None,
+        pruner: Any = None,
+        report_metric: str | None = None,
+        custom_search_space: str | None = None,
+        heartbeat_interval: float = 30.0,
+        grace_period: float | None = None,
+        plots: bool = True,
+        trial_key: str | None = "trial",
+    ) -> None:
+        self.settings = OmegaConf.create(
+            {
+                "sampler": sampler,
+                "pruner": pruner,
+                "direction": direction,
+                "objective": objective,
+                "report_metric": report_metric,
+                "storage": storage,
+                "study_name": study_name,
+                "n_trials": n_trials,
+                "n_jobs": n_jobs,
+                "max_failure_rate": max_failure_rate,
+                "params": params,
+                "custom_search_space": custom_search_space,
+                "heartbeat_interval": heartbeat_interval,
+                "grace_period": grace_period,
+                "plots": plots,
+                "trial_key": trial_key,
+            }
+        )
+        self.config: DictConfig | None = None
         self.launcher = None
-        self.hydra_context: Optional[HydraContext] = None
+        self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
-            config=config, hydra_context=hydra_context, task_function=task_function)
+            config=config, hydra_context=hydra_context, task_function=task_function
+        )
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 
         from rlexp.sweeping.runner import OptunaSweep
+
         assert self.config is not None and self.launcher is not None
         sequential = isinstance(self.launcher, BasicLauncher)
         return OptunaSweep(self.settings, self.config, self.launcher, sequential=sequential).run(arguments)

@@ -5,10 +5,12 @@ group stages, each a small part named by ``_target_`` in ``conf/algorithm/<metho
 high-entropy token selection (``top_entropy_quantile``), the KL term (``kl.mode=loss``) and the
 entropy bonus. A ``critic`` (PPO) adds its value stage after the configured group stages and is
 updated by the trainer after the policy."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -40,7 +42,7 @@ class Algorithm:
     advantage: Callable
     loss: Callable
     paper: str = ""
-    family: str = ""                    # rlexp.algorithms.families.FAMILIES (`rlexp list algorithms`)
+    family: str = ""  # rlexp.algorithms.families.FAMILIES (`rlexp list algorithms`)
     aggregation: str = "token-mean"
     count_empty_rows: bool = False
     norm_length: float | None = None
@@ -48,9 +50,9 @@ class Algorithm:
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
     entropy_coef: float = 0.0
     group_stages: list = field(default_factory=list)
-    mechanism: str = ""                 # one line for `rlexp list algorithms`
-    top_entropy_quantile: float = 1.0   # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
-    critic: Any = None                  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
+    mechanism: str = ""  # one line for `rlexp list algorithms`
+    top_entropy_quantile: float = 1.0  # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
+    critic: Any = None  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -76,15 +78,24 @@ class Algorithm:
             raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} must be in (0, 1]")
         if self.critic is not None:
             if not hasattr(self.critic, "stage") or not hasattr(self.critic, "update"):
-                raise ValueError(f"algorithm.critic must be a rlexp.algorithms.critics.ppo.Critic, got {type(self.critic).__name__}")
+                raise ValueError(
+                    f"algorithm.critic must be a rlexp.algorithms.critics.ppo.Critic, got {type(self.critic).__name__}"
+                )
             self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
 
     @property
     def needs_reference(self) -> bool:
         return self.kl.coef > 0 or any(getattr(s, "needs_reference", False) for s in self.group_stages)
 
-    def token_loss(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                   entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None) -> LossOutput:
+    def token_loss(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        entropy: torch.Tensor | None = None,
+        ref_logp: torch.Tensor | None = None,
+    ) -> LossOutput:
         """Per-token loss of one micro-batch (before aggregation) and its per-token statistics."""
         out = self.loss(logp, old_logp, advantages, mask)
         per_token, stats = out.per_token, dict(out.token_stats)

@@ -5,7 +5,7 @@ and its configs together."""
 from __future__ import annotations
 
 FAMILIES: dict[str, str] = {
-    "group-baseline": "critic-free policy gradient with a group or batch baseline (GRPO, RLOO, REINFORCE++, ReMax, ...)",
+    "group-baseline": "critic-free policy gradient with a group or batch baseline (GRPO, RLOO, REINFORCE++, ...)",
     "actor-critic": "a learned value model and GAE (PPO, VAPO, ...)",
     "clip-ratio": "importance ratios, clipping and trust regions; off-policy updates (GSPO, SAPO, CISPO, GMPO, ...)",
     "replay": "replay buffers and rollout reuse (RePO, ReMix, SPEC-RL, ...)",

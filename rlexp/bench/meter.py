@@ -1,4 +1,5 @@
-"""Measuring one step: wall time per phase, peak memory (CPU: VmHWM; CUDA: the allocator's peak) and the dtype the matmuls actually ran in."""
+"""Measuring one step: wall time per phase, peak memory (CPU: VmHWM; CUDA: the allocator's peak) and the dtype
+the matmuls actually ran in."""
 
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ def _read_hwm_kb() -> int | None:
 def _rss_mb() -> float:
     try:
         import psutil
-        return psutil.Process().memory_info().rss / 2 ** 20
+
+        return psutil.Process().memory_info().rss / 2**20
     except ImportError:  # Linux without psutil
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _malloc_trim() -> None:
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
@@ -50,9 +53,13 @@ class Meter:
         self._hwm_reset = False
         if not self.cuda:
             self._hwm_reset = self._reset_hwm()
-        self.memory_method = ("torch.cuda.max_memory_allocated" if self.cuda else
-                              "peak RSS (VmHWM, reset per step)" if self._hwm_reset else
-                              f"peak RSS (psutil sampled every {rss_interval_s * 1000:g} ms)")
+        self.memory_method = (
+            "torch.cuda.max_memory_allocated"
+            if self.cuda
+            else "peak RSS (VmHWM, reset per step)"
+            if self._hwm_reset
+            else f"peak RSS (psutil sampled every {rss_interval_s * 1000:g} ms)"
+        )
         self._peak = 0.0
         self._stop_sampler = threading.Event()
         self._sampler = None
@@ -78,7 +85,7 @@ class Meter:
         self.sync()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.mem_start = torch.cuda.memory_allocated(self.device) / 2 ** 20
+            self.mem_start = torch.cuda.memory_allocated(self.device) / 2**20
         else:
             _malloc_trim()  # freed heap of the other trainer's step back to the OS: the start RSS is live memory
             self.mem_start = _rss_mb()
@@ -95,15 +102,18 @@ class Meter:
         self.sync()
         self.t_stop = time.perf_counter()
         if self.cuda:
-            peak = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
         elif self._hwm_reset:
             peak = _read_hwm_kb() / 1024
         else:
             self._stop_sampler.set()
             self._sampler.join()
             peak = max(self._peak, _rss_mb())
-        return self.t_stop - self.t_start, {"peak_mem_mb": peak, "mem_delta_mb": max(peak - self.mem_start, 0.0),
-                                            "load1": os.getloadavg()[0]}
+        return self.t_stop - self.t_start, {
+            "peak_mem_mb": peak,
+            "mem_delta_mb": max(peak - self.mem_start, 0.0),
+            "load1": os.getloadavg()[0],
+        }
 
 
 class DtypeProbe:

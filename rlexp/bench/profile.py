@@ -9,6 +9,7 @@ Kernels are attributed to a phase by their launching op's start time, so the aut
 backward thread counts with the phase that ran ``backward``. Written next to the report as
 ``<setting>-<device>-profile.txt`` with the op table (top ops by self device or CPU time).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,10 @@ PHASES = ("rlexp.generate", "rlexp.score", "rlexp.train")
 def phase_summary(events, phases=PHASES) -> dict[str, dict[str, float]]:
     """{phase: wall_ms, aten_ops, kernels, kernel_ms} from a profiler's ``events()``."""
     ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in phases}
-    out = {name: {"wall_ms": (end - start) / 1000, "aten_ops": 0, "kernels": 0, "kernel_ms": 0.0}
-           for name, (start, end) in ranges.items()}
+    out = {
+        name: {"wall_ms": (end - start) / 1000, "aten_ops": 0, "kernels": 0, "kernel_ms": 0.0}
+        for name, (start, end) in ranges.items()
+    }
 
     def phase_of(t):
         for name, (start, end) in ranges.items():
@@ -54,12 +57,20 @@ def profile_step(step_fn, device: torch.device, path: Path, row_limit: int = 40)
         if cuda:
             torch.cuda.synchronize(device)
     summary = phase_summary(prof.events())
-    lines = ["| phase | wall ms | ATen ops (top-level) | kernels | kernel ms | kernel / wall |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| phase | wall ms | ATen ops (top-level) | kernels | kernel ms | kernel / wall |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, s in summary.items():
         busy = f"{s['kernel_ms'] / s['wall_ms']:.2f}" if cuda and s["wall_ms"] else "n/a"
-        lines.append(f"| {name} | {s['wall_ms']:.1f} | {s['aten_ops']} | {s['kernels'] if cuda else 'n/a'} | "
-                     f"{s['kernel_ms']:.1f} | {busy} |")
-    table = prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                      row_limit=row_limit)
-    path.write_text("# One profiled step of ours (after the measured steps)\n\n" + "\n".join(lines) + "\n\n" + table + "\n")
+        lines.append(
+            f"| {name} | {s['wall_ms']:.1f} | {s['aten_ops']} | {s['kernels'] if cuda else 'n/a'} | "
+            f"{s['kernel_ms']:.1f} | {busy} |"
+        )
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=row_limit
+    )
+    path.write_text(
+        "# One profiled step of ours (after the measured steps)\n\n" + "\n".join(lines) + "\n\n" + table + "\n"
+    )
     return summary

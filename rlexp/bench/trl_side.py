@@ -21,12 +21,14 @@ What each phase of a TRL step covers (wall time; on CUDA the device is synchroni
 The step time is ``other + generate + score + train``: the wall time from the end of the previous step
 to ``on_step_end``.
 """
+
 from __future__ import annotations
 
 import json
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -98,16 +100,39 @@ def bench_dataset(records: list[dict], prompt_format) -> Dataset:
     """Conversational prompts (system + user messages, rendered by TRL with the tokenizer's chat
     template) in exactly the order given: the harness passes the order our sampler draws, and TRL
     runs with ``shuffle_dataset=False``, so step k of both trainers sees the same prompts."""
-    return Dataset.from_list([{"prompt": prompt_format.messages(r["question"]), "record": json.dumps(r)}
-                              for r in records])
+    return Dataset.from_list(
+        [{"prompt": prompt_format.messages(r["question"]), "record": json.dumps(r)} for r in records]
+    )
 
 
-def grpo_config(*, output_dir: str, device: torch.device, n_rows: int, micro_batch: int, num_generations: int,
-                max_new_tokens: int, temperature: float, top_p: float, top_k: int, lr: float, betas, weight_decay: float,
-                adam_eps: float, max_grad_norm: float | None, eps_low: float, eps_high: float, total_steps: int,
-                seed: int, bf16: bool, gradient_checkpointing: bool, optim: str, scale_rewards: str,
-                reward_weight: float = 1.0, torch_compile: bool = False,
-                cache_implementation: str | None = None) -> GRPOConfig:
+def grpo_config(
+    *,
+    output_dir: str,
+    device: torch.device,
+    n_rows: int,
+    micro_batch: int,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    lr: float,
+    betas,
+    weight_decay: float,
+    adam_eps: float,
+    max_grad_norm: float | None,
+    eps_low: float,
+    eps_high: float,
+    total_steps: int,
+    seed: int,
+    bf16: bool,
+    gradient_checkpointing: bool,
+    optim: str,
+    scale_rewards: str,
+    reward_weight: float = 1.0,
+    torch_compile: bool = False,
+    cache_implementation: str | None = None,
+) -> GRPOConfig:
     """The GRPOConfig of the bench: one generation batch of ``n_rows`` = prompts × G per optimiser
     step (gradient accumulation over ``n_rows / micro_batch`` micro-batches), μ = 1, β = 0, the
     per-sequence token-mean loss (``loss_type="grpo"``), a constant LR, no logging or saving."""
@@ -115,22 +140,52 @@ def grpo_config(*, output_dir: str, device: torch.device, n_rows: int, micro_bat
         raise ValueError(f"trainer.micro_batch_size={micro_batch} must divide prompts × G = {n_rows} for TRL")
     ga = n_rows // micro_batch
     return GRPOConfig(
-        output_dir=output_dir, use_cpu=device.type == "cpu", bf16=bf16, fp16=False,
-        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=ga, steps_per_generation=ga,
-        num_generations=num_generations, num_iterations=1, max_completion_length=max_new_tokens,
-        temperature=temperature, top_p=top_p, top_k=top_k, beta=0.0, loss_type="grpo", scale_rewards=scale_rewards,
+        output_dir=output_dir,
+        use_cpu=device.type == "cpu",
+        bf16=bf16,
+        fp16=False,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=ga,
+        steps_per_generation=ga,
+        num_generations=num_generations,
+        num_iterations=1,
+        max_completion_length=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        beta=0.0,
+        loss_type="grpo",
+        scale_rewards=scale_rewards,
         reward_weights=[reward_weight],
-        epsilon=eps_low, epsilon_high=eps_high, learning_rate=lr, adam_beta1=betas[0], adam_beta2=betas[1],
-        adam_epsilon=adam_eps, weight_decay=weight_decay, optim=optim, lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=max_grad_norm if max_grad_norm else 0.0, max_steps=total_steps, shuffle_dataset=False, seed=seed,
-        gradient_checkpointing=gradient_checkpointing, logging_steps=10 ** 9, save_strategy="no", report_to="none",
-        disable_tqdm=True, log_completions=False, dataloader_pin_memory=False, remove_unused_columns=False,
-        torch_compile=torch_compile, cache_implementation=cache_implementation,
+        epsilon=eps_low,
+        epsilon_high=eps_high,
+        learning_rate=lr,
+        adam_beta1=betas[0],
+        adam_beta2=betas[1],
+        adam_epsilon=adam_eps,
+        weight_decay=weight_decay,
+        optim=optim,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=max_grad_norm if max_grad_norm else 0.0,
+        max_steps=total_steps,
+        shuffle_dataset=False,
+        seed=seed,
+        gradient_checkpointing=gradient_checkpointing,
+        logging_steps=10**9,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_pin_memory=False,
+        remove_unused_columns=False,
+        torch_compile=torch_compile,
+        cache_implementation=cache_implementation,
     )
 
 
 class _Interleave(TrainerCallback):
-    def __init__(self, side: "TRLSide", meter, after_step: Callable[[int], None]):
+    def __init__(self, side: TRLSide, meter, after_step: Callable[[int], None]):
         self.side, self.meter, self.after_step = side, meter, after_step
         self.t_begin = None
 
@@ -143,11 +198,20 @@ class _Interleave(TrainerCallback):
         tr = self.side.trainer
         gen, sc = tr.bench_phase["generate"], tr.bench_phase["score"]
         in_step = self.meter.t_stop - self.t_begin
-        self.side.records.append({
-            "step": state.global_step, "generate_s": gen, "score_s": sc, "train_s": in_step - gen - sc,
-            "step_s": step_s, "completion_tokens": tr.bench_tokens, "completions": tr.bench_rows,
-            "max_length": tr.bench_max_length,
-            "reward_mean": sum(tr.bench_rewards) / max(len(tr.bench_rewards), 1), **mem})
+        self.side.records.append(
+            {
+                "step": state.global_step,
+                "generate_s": gen,
+                "score_s": sc,
+                "train_s": in_step - gen - sc,
+                "step_s": step_s,
+                "completion_tokens": tr.bench_tokens,
+                "completions": tr.bench_rows,
+                "max_length": tr.bench_max_length,
+                "reward_mean": sum(tr.bench_rewards) / max(len(tr.bench_rewards), 1),
+                **mem,
+            }
+        )
         if self.side.log_step is not None:
             self.side.log_step("trl", self.side.records[-1])
         self.side.prompt_ids.append(tr.bench_prompt_ids)
@@ -164,7 +228,7 @@ class _SkipNonFiniteUpdate(TrainerCallback):
     fixes on our side). Costs one gradient-norm reduction per step; skipped steps are counted
     in the report."""
 
-    def __init__(self, side: "TRLSide"):
+    def __init__(self, side: TRLSide):
         self.side = side
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
@@ -179,21 +243,35 @@ class TRLSide:
     """TRL's GRPOTrainer on the bench's setting. ``run(total_steps, after_step, meter)`` runs
     ``trainer.train()``; after each of TRL's optimiser steps it calls ``after_step(k)``."""
 
-    def __init__(self, *, model, tokenizer, records: list[dict], prompt_format, reward_term: RewardTerm,
-                 config: GRPOConfig, skip_nonfinite_steps: bool = True):
+    def __init__(
+        self,
+        *,
+        model,
+        tokenizer,
+        records: list[dict],
+        prompt_format,
+        reward_term: RewardTerm,
+        config: GRPOConfig,
+        skip_nonfinite_steps: bool = True,
+    ):
         self.config = config
         self.skip_nonfinite_steps = skip_nonfinite_steps
-        self.trainer = TimedGRPOTrainer(model=model, reward_funcs=[AccuracyReward(reward_term)], args=config,
-                                        train_dataset=bench_dataset(records, prompt_format),
-                                        processing_class=tokenizer)
+        self.trainer = TimedGRPOTrainer(
+            model=model,
+            reward_funcs=[AccuracyReward(reward_term)],
+            args=config,
+            train_dataset=bench_dataset(records, prompt_format),
+            processing_class=tokenizer,
+        )
         self.trainer._bench_reset()
         self.records: list[dict[str, Any]] = []
         self.prompt_ids: list[list[list[int]]] = []  # per step: the prompt tokens of every completion
         self.log_step: Callable[[str, dict], None] | None = None
-        self.skipped_steps: list[int] = []   # TRL steps whose non-finite gradients were not applied
+        self.skipped_steps: list[int] = []  # TRL steps whose non-finite gradients were not applied
 
-    def run(self, after_step: Callable[[int], None], meter, log_step: Callable[[str, dict], None] | None = None
-            ) -> list[dict]:
+    def run(
+        self, after_step: Callable[[int], None], meter, log_step: Callable[[str, dict], None] | None = None
+    ) -> list[dict]:
         self.log_step = log_step
         self.trainer.bench_sync = meter.sync
         if self.skip_nonfinite_steps:
@@ -207,4 +285,5 @@ class TRLSide:
 def versions() -> dict[str, str]:
     import datasets
     import trl
+
     return {"trl": trl.__version__, "datasets": datasets.__version__}

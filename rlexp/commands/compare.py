@@ -24,12 +24,17 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="rlexp compare", description=comparison.__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: rlexp compare --experiment rlexp --tag dataset=basic_arithmetic "
-                                       "--out results/grpo_vs_dr_grpo")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
-                                                        "sqlite:///./mlruns.db)")
+    p = argparse.ArgumentParser(
+        prog="rlexp compare",
+        description=comparison.__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: rlexp compare --experiment rlexp --tag dataset=basic_arithmetic --out results/grpo_vs_dr_grpo",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///./mlruns.db)",
+    )
     p.add_argument("--experiment", action="append", help="MLflow experiment name (repeatable; default: all)")
     p.add_argument("--tag", action="append", default=[], help="KEY=VALUE tag condition (repeatable)")
     p.add_argument("--filter", help="MLflow search filter, e.g. \"params.`optimizer.lr` = '1e-05'\"")
@@ -48,8 +53,9 @@ def main(argv: list[str] | None = None) -> dict:
     if a.runs:
         runs = local_runs(a.runs, metrics_arg)
     else:
-        runs = mlflow_runs(a.tracking_uri or default_tracking_uri(), a.experiment, a.filter, _parse_tags(a.tag),
-                           metrics_arg)
+        runs = mlflow_runs(
+            a.tracking_uri or default_tracking_uri(), a.experiment, a.filter, _parse_tags(a.tag), metrics_arg
+        )
     runs = [r for r in runs if r.history]
     if not runs:
         raise SystemExit("rlexp compare: no runs with matching metrics were found")
@@ -59,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     command = "rlexp compare " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     print_table(groups, group_by, metrics, title=f"{a.name}: {len(runs)} runs, {len(groups)} groups", digits=a.digits)
     paths = write_outputs(groups, runs, group_by, metrics, Path(a.out), a.name, command, a.last, a.smooth, a.digits)
-    print(f"wrote {paths['markdown']}, {paths['csv']}, {paths['runs_csv']} and {len(paths['png'])} PNG curves "
-          f"in {a.out}")
+    print(
+        f"wrote {paths['markdown']}, {paths['csv']}, {paths['runs_csv']} and {len(paths['png'])} PNG curves in {a.out}"
+    )
     return paths

@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     steps = out["steps"]
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
     verb = "would upload" if a.dry_run else "uploaded"
-    print(f"{a.run_dir}: {verb} {out['uploaded']} metric values ({span}) to MLflow run {out['run_id']} at "
-          f"{out['tracking_uri']}{' (created)' if out['created'] else ''}; {out['present']} were already there")
+    print(
+        f"{a.run_dir}: {verb} {out['uploaded']} metric values ({span}) to MLflow run {out['run_id']} at "
+        f"{out['tracking_uri']}{' (created)' if out['created'] else ''}; {out['present']} were already there"
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from rlexp.comparison.runs import RunRecord, compile_patterns
 class Group:
     key: tuple
     runs: list
-    values: dict      # metric -> per-run values (None where a run lacks it)
+    values: dict  # metric -> per-run values (None where a run lacks it)
 
     def stat(self, metric: str) -> tuple[float, float, int]:
         vals = [v for v in self.values[metric] if v is not None]
@@ -25,10 +25,6 @@ class Group:
     @property
     def seeds(self) -> list[str]:
         return sorted({r.tags.get("seed", "?") for r in self.runs}, key=lambda s: (len(s), s))
-
-
-
-
 
 
 def order_metrics(keys: set[str], metrics: list[str] | None) -> list[str]:
@@ -49,8 +45,10 @@ def group_runs(runs: list[RunRecord], group_by: list[str], metrics: list[str], l
     groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
         groups.setdefault(tuple(r.attr(g) for g in group_by), []).append(r)
-    return [Group(k, rs, {m: [final_value(r.history.get(m, []), last) for r in rs] for m in metrics})
-            for k, rs in sorted(groups.items())]
+    return [
+        Group(k, rs, {m: [final_value(r.history.get(m, []), last) for r in rs] for m in metrics})
+        for k, rs in sorted(groups.items())
+    ]
 
 
 def varying_columns(groups: list[Group], group_by: list[str]) -> list[int]:
@@ -77,7 +75,7 @@ def smooth(values: list[float], window: int) -> list[float]:
         return values
     out = []
     for i in range(len(values)):
-        w = values[max(0, i - window + 1): i + 1]
+        w = values[max(0, i - window + 1) : i + 1]
         out.append(sum(w) / len(w))
     return out
 
@@ -92,8 +90,10 @@ def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
 def table_rows(groups: list[Group], group_by: list[str], metrics: list[str], digits: int = 3):
     cols = varying_columns(groups, group_by)
     header = [group_by[i] for i in cols] + ["n", "seeds"] + metrics
-    rows = [[g.key[i] for i in cols] + [str(len(g.runs)), ", ".join(g.seeds)] +
-            [fmt(*g.stat(m), digits) for m in metrics] for g in groups]
+    rows = [
+        [g.key[i] for i in cols] + [str(len(g.runs)), ", ".join(g.seeds)] + [fmt(*g.stat(m), digits) for m in metrics]
+        for g in groups
+    ]
     return header, rows
 
 

@@ -6,6 +6,7 @@
 fields when present, else the first line of the file's header comment. Files are read as YAML
 without resolving interpolations, so listing never loads a model or a dataset.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,13 +58,25 @@ def entry(path: Path) -> dict[str, str]:
     try:
         cfg = OmegaConf.load(path)
     except Exception as e:  # a broken file is listed with its error rather than hiding the rest
-        return {"entry": path.stem, "name": path.stem, "paper": "", "family": "", "mechanism": f"(unreadable: {e})",
-                "summary": header[0] if header else ""}
+        return {
+            "entry": path.stem,
+            "name": path.stem,
+            "paper": "",
+            "family": "",
+            "mechanism": f"(unreadable: {e})",
+            "summary": header[0] if header else "",
+        }
     mechanism = _field(cfg, "mechanism") or _field(cfg, "description")
     if not mechanism and len(header) > 1:
         mechanism = header[1]
-    return {"entry": path.stem, "name": _field(cfg, "name") or path.stem, "paper": _field(cfg, "paper"),
-            "family": _field(cfg, "family"), "mechanism": mechanism, "summary": header[0] if header else ""}
+    return {
+        "entry": path.stem,
+        "name": _field(cfg, "name") or path.stem,
+        "paper": _field(cfg, "paper"),
+        "family": _field(cfg, "family"),
+        "mechanism": mechanism,
+        "summary": header[0] if header else "",
+    }
 
 
 def list_group(group: str, conf_dir: Path = CONF_DIR) -> list[dict[str, str]]:

@@ -1,5 +1,6 @@
 """Structured-config schema of the train app (type-checked by OmegaConf at compose time) and the
 range checks that run before anything is loaded, each naming the offending key."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,10 +13,10 @@ from omegaconf import MISSING, DictConfig
 @dataclass
 class TrainerConfig:
     max_steps: int = 30
-    prompts_per_step: int = 8          # distinct prompts per step (groups)
-    num_generations: int = 4           # G, completions per prompt
-    num_iterations: int = 1            # μ, optimiser passes over one rollout batch
-    micro_batch_size: int = 16         # completions per forward/backward (gradient accumulation = N / this)
+    prompts_per_step: int = 8  # distinct prompts per step (groups)
+    num_generations: int = 4  # G, completions per prompt
+    num_iterations: int = 1  # μ, optimiser passes over one rollout batch
+    micro_batch_size: int = 16  # completions per forward/backward (gradient accumulation = N / this)
     # and at most this many padded positions per forward/backward (rows × (prompt + completion window)):
     # short rows then train in larger micro-batches, long ones in smaller (null: rows only)
     micro_batch_tokens: Optional[int] = None
@@ -24,62 +25,63 @@ class TrainerConfig:
     recompute_old_logprobs: bool = False  # μ > 1: old log-probs from a forward pass instead of the sampler's
     max_grad_norm: Optional[float] = 1.0
     warmup_steps: int = 0
-    eval_every: int = 0                # 0: evaluate only at the end (if eval.size > 0)
+    eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
     checkpoint_every: int = 10
     seed: int = 0
-    resume: bool = True                # continue from <run_dir>/checkpoints if present
+    resume: bool = True  # continue from <run_dir>/checkpoints if present
     run_dir: str = "${hydra:runtime.output_dir}"
     progress: bool = True
-    device: str = "auto"               # auto | cpu | cuda | cuda:N
-    num_threads: int = 0               # torch CPU threads; 0 = torch's default
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: int = 0  # torch CPU threads; 0 = torch's default
     accuracy_term: Optional[str] = "accuracy"
     # the G completions of a prompt share one prompt forward (KV reuse); null: yes on the CPU (compute-
     # bound: train 4.5 vs 5.9-7.4 s), no on CUDA (a small model's step is launch-bound there and the
     # shared path dispatches 2.1x the ops: two forwards, cache repeat; benchmarks/op_count.py --cuda-chunks)
     share_prompt_forward: Optional[bool] = None
-    autocast: str = "auto"             # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
+    autocast: str = "auto"  # auto (bf16 on GPU and on CPUs with bf16 matmul units) | bf16 | fp16 | off
     cpu_matmul_attention: bool = True  # CPU training forward/backward: matmul attention, not SDPA (slow CPU backward)
     # torch.compile the policy's training forward (its backward too, through AOTAutograd): Inductor fuses
     # each layer's ~60 small ops, which is what a small model's GPU training step is bound by. Compiled
     # for dynamic shapes on the first micro-batch (SmolLM2 on the 2-core CPU: ~3 min); with
     # share_prompt_forward null the compiled forward is one per row.
     compile: bool = False
-    compile_backend: str = "inductor"   # torch.compile backend ("eager": dynamo tracing only, for debugging)
+    compile_backend: str = "inductor"  # torch.compile backend ("eager": dynamo tracing only, for debugging)
     compile_mode: Optional[str] = None  # torch.compile mode (null: default; "max-autotune-no-cudagraphs", …)
 
 
 @dataclass
 class EvalConfig:
-    size: int = 50                     # held-out prompts evaluated greedily during training (0: off)
+    size: int = 50  # held-out prompts evaluated greedily during training (0: off)
     max_new_tokens: Optional[int] = None
     # benchmark evaluation (`rlexp eval`, and training with `+benchmark=<entry>`); see
     # rlexp/evaluation/runner.py. pass@k is logged as pass_at_k, maj@k as maj_at_k (MLflow-safe).
-    n: int = 1                         # samples per problem
-    ks: Optional[list[int]] = None     # pass@k for these k <= n (null: every k in 1..n)
+    n: int = 1  # samples per problem
+    ks: Optional[list[int]] = None  # pass@k for these k <= n (null: every k in 1..n)
     maj_ks: Optional[list[int]] = None  # maj@k for these k <= n (null: k = n)
-    maj_tie: str = "random"            # random (expected value over tied answers) | first (verl's rule)
-    max_subsets: int = 2000            # maj@k: exact average over k-subsets up to this many, else sampled
-    greedy: Optional[bool] = None      # null: greedy iff n == 1
+    maj_tie: str = "random"  # random (expected value over tied answers) | first (verl's rule)
+    max_subsets: int = 2000  # maj@k: exact average over k-subsets up to this many, else sampled
+    greedy: Optional[bool] = None  # null: greedy iff n == 1
     temperature: Optional[float] = None  # sampling temperature (null: the rollout's / trainer.temperature)
-    limit: Optional[int] = None        # problems per benchmark (null: all)
-    batch_problems: int = 8            # problems per generate call
-    bootstrap: int = 1000              # bootstrap resamples for the pass@1 CI (0: off)
+    limit: Optional[int] = None  # problems per benchmark (null: all)
+    batch_problems: int = 8  # problems per generate call
+    bootstrap: int = 1000  # bootstrap resamples for the pass@1 CI (0: off)
     ci_level: float = 0.95
-    write_samples: bool = True         # per-problem JSONL next to summary.json
-    checkpoint: Optional[str] = None   # `rlexp eval`: a run dir, its checkpoints/last, or a model dir
-    step: Optional[int] = None         # `rlexp eval`: tracker step (null: the checkpoint's step, else 0)
+    write_samples: bool = True  # per-problem JSONL next to summary.json
+    checkpoint: Optional[str] = None  # `rlexp eval`: a run dir, its checkpoints/last, or a model dir
+    step: Optional[int] = None  # `rlexp eval`: tracker step (null: the checkpoint's step, else 0)
 
 
 @dataclass
 class ConsistencyConfig:
     """Consistency rate (rlexp/evaluation/consistency.py): per training step when enabled, and in
     `rlexp eval` for every benchmark with a final answer."""
+
     enabled: bool = False
-    rederive: bool = True              # cut the stated answer, let the judge finish greedily, compare
-    likelihood: bool = True            # judge's probability of the stated answer given the reasoning
-    judge: str = "reference"           # reference (frozen initial / base model) | policy
-    threshold: float = 0.5             # likelihood_rate = share of completions above this
-    max_new_tokens: int = 16           # tokens the judge may write to re-derive the answer
+    rederive: bool = True  # cut the stated answer, let the judge finish greedily, compare
+    likelihood: bool = True  # judge's probability of the stated answer given the reasoning
+    judge: str = "reference"  # reference (frozen initial / base model) | policy
+    threshold: float = 0.5  # likelihood_rate = share of completions above this
+    max_new_tokens: int = 16  # tokens the judge may write to re-derive the answer
     max_completions: Optional[int] = None  # measure only the first N completions (cost)
     batch_size: int = 16
 
@@ -88,7 +90,8 @@ class ConsistencyConfig:
 class TrialConfig:
     """Set by the Optuna sweeper (``hydra/sweeper=rlexp_optuna``) on each job it launches: the study
     this run is a trial of (it reports its metric there and may be pruned). Null outside sweeps."""
-    storage: Optional[str] = None      # Optuna storage URL (resolved, absolute)
+
+    storage: Optional[str] = None  # Optuna storage URL (resolved, absolute)
     study: Optional[str] = None
     number: Optional[int] = None
 
@@ -98,7 +101,7 @@ class RLExpConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
-    benchmark: Any = None              # benchmark entries evaluated during training (`+benchmark=offline`)
+    benchmark: Any = None  # benchmark entries evaluated during training (`+benchmark=offline`)
     model: Any = MISSING
     dataset: Any = MISSING
     prompt: Any = MISSING
@@ -107,9 +110,11 @@ class RLExpConfig:
     rollout: Any = MISSING
     tracker: Any = MISSING
     optimizer: Any = MISSING
-    sampler: Any = None                # which prompts each step draws (conf/sampler; null: shuffle)
+    sampler: Any = None  # which prompts each step draws (conf/sampler; null: shuffle)
     run_name: Optional[str] = None
-    experiment_name: str = "rlexp"      # MLflow experiment / W&B project (conf/experiment/ is the group of experiment files)
+    experiment_name: str = (
+        "rlexp"  # MLflow experiment / W&B project (conf/experiment/ is the group of experiment files)
+    )
     trial: TrialConfig = field(default_factory=TrialConfig)
 
 
@@ -117,6 +122,7 @@ class RLExpConfig:
 class EvalAppConfig:
     """Schema of `rlexp eval` (conf/eval.yaml). ``trainer`` holds the run settings that the shared
     rollout and tracker groups read (max_new_tokens, temperature, run_dir) plus seed and device."""
+
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
@@ -146,8 +152,12 @@ def validate(cfg: DictConfig) -> None:
         (t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1"),
         (t.num_iterations >= 1, "trainer.num_iterations", t.num_iterations, "must be >= 1"),
         (t.micro_batch_size >= 0, "trainer.micro_batch_size", t.micro_batch_size, "must be >= 0 (0: whole batch)"),
-        (t.micro_batch_tokens is None or t.micro_batch_tokens > 0, "trainer.micro_batch_tokens",
-         t.micro_batch_tokens, "must be > 0 or null (no token budget)"),
+        (
+            t.micro_batch_tokens is None or t.micro_batch_tokens > 0,
+            "trainer.micro_batch_tokens",
+            t.micro_batch_tokens,
+            "must be > 0 or null (no token budget)",
+        ),
         (t.max_new_tokens > 0, "trainer.max_new_tokens", t.max_new_tokens, "must be > 0"),
         (t.temperature > 0, "trainer.temperature", t.temperature, "must be > 0"),
         (t.eval_every >= 0, "trainer.eval_every", t.eval_every, "must be >= 0"),
@@ -176,6 +186,7 @@ COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotu
 
 def _check_compile(t: DictConfig) -> None:
     import torch._dynamo
+
     backends = torch._dynamo.list_backends(exclude_tags=())
     if t.compile_backend not in backends:
         raise ConfigError(f"trainer.compile_backend={t.compile_backend!r} is not a torch.compile backend ({backends})")

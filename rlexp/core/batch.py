@@ -5,6 +5,7 @@ stages may drop rows or reshape rewards, the advantage estimator fills ``advanta
 re-derives a field another stage owns. ``extras`` carries per-row values added by later stages
 (e.g. GRPO-CARE confidences) and ``stats`` per-step scalars for the trackers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -15,25 +16,25 @@ import torch
 
 @dataclass
 class RolloutBatch:
-    prompt_ids: torch.Tensor          # (N, P) left-padded prompt tokens
-    prompt_mask: torch.Tensor         # (N, P)
-    completion_ids: torch.Tensor      # (N, T) right-padded completion tokens
-    completion_mask: torch.Tensor     # (N, T) 1 for tokens up to and including EOS
-    sampling_logprobs: torch.Tensor   # (N, T) log-probs under the sampling policy (temperature-scaled)
-    truncated: torch.Tensor           # (N,) bool: no EOS within max_new_tokens
-    group_ids: torch.Tensor           # (N,) prompt/group index; rows of a group are contiguous
-    prompts: list[str]                # chat-templated prompt text per row
-    completions: list[str]            # decoded completion text per row
-    records: list[dict]               # the dataset record (question, answer, metadata, scorer) per row
-    rewards: torch.Tensor | None = None        # (N, R) raw score per reward term
+    prompt_ids: torch.Tensor  # (N, P) left-padded prompt tokens
+    prompt_mask: torch.Tensor  # (N, P)
+    completion_ids: torch.Tensor  # (N, T) right-padded completion tokens
+    completion_mask: torch.Tensor  # (N, T) 1 for tokens up to and including EOS
+    sampling_logprobs: torch.Tensor  # (N, T) log-probs under the sampling policy (temperature-scaled)
+    truncated: torch.Tensor  # (N,) bool: no EOS within max_new_tokens
+    group_ids: torch.Tensor  # (N,) prompt/group index; rows of a group are contiguous
+    prompts: list[str]  # chat-templated prompt text per row
+    completions: list[str]  # decoded completion text per row
+    records: list[dict]  # the dataset record (question, answer, metadata, scorer) per row
+    rewards: torch.Tensor | None = None  # (N, R) raw score per reward term
     reward_names: list[str] = field(default_factory=list)
     reward_weights: torch.Tensor | None = None  # (R,)
-    reward: torch.Tensor | None = None         # (N,) weighted total after group stages
+    reward: torch.Tensor | None = None  # (N,) weighted total after group stages
     reward_failures: torch.Tensor | None = None  # (N, R) bool: the term raised on this row
-    advantages: torch.Tensor | None = None     # (N,) or (N, T)
-    old_logprobs: torch.Tensor | None = None   # (N, T) policy log-probs before the update (μ > 1)
-    ref_logprobs: torch.Tensor | None = None   # (N, T) reference log-probs (KL)
-    values: torch.Tensor | None = None         # (N, T) critic values (PPO)
+    advantages: torch.Tensor | None = None  # (N,) or (N, T)
+    old_logprobs: torch.Tensor | None = None  # (N, T) policy log-probs before the update (μ > 1)
+    ref_logprobs: torch.Tensor | None = None  # (N, T) reference log-probs (KL)
+    values: torch.Tensor | None = None  # (N, T) critic values (PPO)
     extras: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -54,7 +55,7 @@ class RolloutBatch:
             raise KeyError(f"reward term {name!r} not in {self.reward_names}")
         return self.rewards[:, self.reward_names.index(name)]
 
-    def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
+    def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
         """Rows ``index`` (in that order); tensors, lists and per-row extras are all sliced."""
         idx = torch.as_tensor(index, dtype=torch.long)
         n = len(self)
@@ -67,7 +68,7 @@ class RolloutBatch:
         return RolloutBatch(**out)
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Row-wise concatenation (used when dynamic sampling refills a batch). Token tensors are
         re-padded to the widest batch; group ids must already be distinct across parts."""
         first = batches[0]

@@ -4,6 +4,7 @@ Only the completion positions go through the LM head (``logits_to_keep``), so fu
 logits exist for at most one micro-batch of completion tokens at a time. Position ids follow the
 attention mask, matching ``generate`` with left-padded prompts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,10 +33,19 @@ def padded_causal_mask(mask: torch.Tensor) -> torch.Tensor:
     return causal & keys
 
 
-def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
-                   with_entropy: bool = False, autocast_dtype: torch.dtype | None = None,
-                   entropy_grad: bool = False, share_prompts: bool = True,
-                   prompt_groups: "PromptGroups | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+    entropy_grad: bool = False,
+    share_prompts: bool = True,
+    prompt_groups: PromptGroups | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
 
@@ -45,26 +55,36 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     rows share a prompt, worked out beforehand (``PromptGroups.from_index``), so the forward needs no
     device round trip; otherwise found with ``torch.unique`` on the device."""
     T = completion_ids.shape[1]
-    with torch.autocast(prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+    with torch.autocast(
+        prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+    ):
         pieces = None
         if share_prompts:
             groups = prompt_groups or PromptGroups.from_index(
-                torch.unique(prompt_ids, dim=0, return_inverse=True)[1], prompt_ids.device)
+                torch.unique(prompt_ids, dim=0, return_inverse=True)[1], prompt_ids.device
+            )
             if groups is not None:
                 pieces = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, groups)
         if pieces is None:
             input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-            pieces = [model(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
-                            logits_to_keep=T + 1, use_cache=False).logits[:, :-1]]
+            pieces = [
+                model(
+                    input_ids=input_ids,
+                    attention_mask=padded_causal_mask(attention),
+                    position_ids=positions,
+                    logits_to_keep=T + 1,
+                    use_cache=False,
+                ).logits[:, :-1]
+            ]
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
     for logits in pieces:
-        tokens = completion_ids[:, start:start + logits.shape[1]]
+        tokens = completion_ids[:, start : start + logits.shape[1]]
         start += logits.shape[1]
         if not (with_entropy and entropy_grad and torch.is_grad_enabled()):
             lp, ent = selected_logprobs(logits, tokens, temperature, with_entropy)
-        else:   # an entropy bonus needs the entropy's gradient: the plain full-vocabulary form
+        else:  # an entropy bonus needs the entropy's gradient: the plain full-vocabulary form
             logp_all = torch.log_softmax(logits.float() / temperature, -1)
             lp, ent = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
         logps.append(lp)
@@ -86,16 +106,16 @@ class _SelectedLogprobs(torch.autograd.Function):
     def forward(ctx, logits, tokens, temperature: float, with_entropy: bool, chunk: int):
         V = logits.shape[-1]
         flat, tok = logits.reshape(-1, V), tokens.reshape(-1)
-        ct = torch.promote_types(logits.dtype, torch.float32)   # compute dtype: fp32 (fp64 stays fp64)
+        ct = torch.promote_types(logits.dtype, torch.float32)  # compute dtype: fp32 (fp64 stays fp64)
         lse = torch.empty(flat.shape[0], dtype=ct, device=logits.device)
         picked = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for s in range(0, flat.shape[0], chunk):
-            x = _scaled(flat[s:s + chunk], ct, temperature)
-            lse[s:s + chunk] = torch.logsumexp(x, -1)
-            picked[s:s + chunk] = x.gather(-1, tok[s:s + chunk, None]).squeeze(-1)
-            if with_entropy:   # H = lse − Σ p·x
-                entropy[s:s + chunk] = lse[s:s + chunk] - (torch.softmax(x, -1) * x).sum(-1)
+            x = _scaled(flat[s : s + chunk], ct, temperature)
+            lse[s : s + chunk] = torch.logsumexp(x, -1)
+            picked[s : s + chunk] = x.gather(-1, tok[s : s + chunk, None]).squeeze(-1)
+            if with_entropy:  # H = lse − Σ p·x
+                entropy[s : s + chunk] = lse[s : s + chunk] - (torch.softmax(x, -1) * x).sum(-1)
         ctx.save_for_backward(logits, tokens, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         entropy = entropy.view(tokens.shape) if with_entropy else entropy
@@ -109,9 +129,9 @@ class _SelectedLogprobs(torch.autograd.Function):
         flat, tok, g = logits.reshape(-1, V), tokens.reshape(-1), grad_logp.reshape(-1).to(lse.dtype)
         grad = torch.empty_like(flat)
         for s in range(0, flat.shape[0], ctx.chunk):
-            p = torch.exp(_scaled(flat[s:s + ctx.chunk], lse.dtype, tau) - lse[s:s + ctx.chunk, None])
-            gs = g[s:s + ctx.chunk, None] if tau == 1.0 else g[s:s + ctx.chunk, None] / tau
-            grad[s:s + ctx.chunk] = (-p * gs).scatter_add_(-1, tok[s:s + ctx.chunk, None], gs)
+            p = torch.exp(_scaled(flat[s : s + ctx.chunk], lse.dtype, tau) - lse[s : s + ctx.chunk, None])
+            gs = g[s : s + ctx.chunk, None] if tau == 1.0 else g[s : s + ctx.chunk, None] / tau
+            grad[s : s + ctx.chunk] = (-p * gs).scatter_add_(-1, tok[s : s + ctx.chunk, None], gs)
         return grad.view(logits.shape), None, None, None, None
 
 
@@ -120,15 +140,20 @@ def _scaled(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torc
     return x if temperature == 1.0 else x / temperature
 
 
-def selected_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False, chunk_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def selected_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, T) fp32 (fp64 for fp64 logits) log-probs of ``tokens`` under softmax(logits / temperature) and, if asked, the
     (N, T) entropies (no gradient), from (N, T, V) logits of any dtype; differentiable in the
     log-probs. Works in chunks of about ``chunk_elements`` logits: by default 2^26 on CUDA (few
     launches) and 2^18 on the CPU, where a chunk that stays in cache matters — SmolLM2, 1,024 tokens,
     forward + backward on one thread: 1.15 s with 2^26-element chunks, 0.26 s with 2^18."""
     if chunk_elements is None:
-        chunk_elements = 2 ** 26 if logits.is_cuda else 2 ** 18
+        chunk_elements = 2**26 if logits.is_cuda else 2**18
     chunk = max(1, chunk_elements // logits.shape[-1])
     return _SelectedLogprobs.apply(logits, tokens, temperature, with_entropy, chunk)
 
@@ -137,11 +162,12 @@ def selected_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
 class PromptGroups:
     """Rows that share a prompt: ``first`` (U,), one row of each distinct prompt, and ``inverse``
     (N,), each row's prompt — both on the model's device."""
+
     first: torch.Tensor
     inverse: torch.Tensor
 
     @staticmethod
-    def from_index(index: torch.Tensor, device) -> "PromptGroups | None":
+    def from_index(index: torch.Tensor, device) -> PromptGroups | None:
         """From (N,) labels (equal label = same prompt), worked out on the host and moved to the device
         in one go — a copy from pageable host memory waits for the device's queue, so it belongs
         before the forward/backward loop, not inside it. None when no prompt repeats."""
@@ -159,8 +185,13 @@ def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     first, inverse = groups.first, groups.inverse
     uniq, umask = prompt_ids[first], prompt_mask[first]
     upos = (umask.cumsum(-1) - 1).clamp(min=0)
-    head = model(input_ids=uniq, attention_mask=padded_causal_mask(umask), position_ids=upos, use_cache=True,
-                 logits_to_keep=last_position(uniq.shape[1], uniq.device))
+    head = model(
+        input_ids=uniq,
+        attention_mask=padded_causal_mask(umask),
+        position_ids=upos,
+        use_cache=True,
+        logits_to_keep=last_position(uniq.shape[1], uniq.device),
+    )
     cache = head.past_key_values
     cache.reorder_cache(inverse)  # (U, …) → (N, …): index_select, differentiable
     first_logits = head.logits[:, -1][inverse].unsqueeze(1)
@@ -168,9 +199,14 @@ def _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     if T == 1:
         return [first_logits]
     attention = torch.cat([prompt_mask, completion_mask], 1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1]:]
-    tail = model(input_ids=completion_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-                 past_key_values=cache, use_cache=True).logits
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1] :]
+    tail = model(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=attention[:, :-1],
+        position_ids=positions[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
     return [first_logits, tail]
 
 

@@ -6,6 +6,7 @@ masking): such rows keep their tokens, length, reward and place in their group's
 contribute no loss and are not counted by the aggregation's token/row normalisers (TRL's
 ``mask_truncated_completions`` does the same).
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
-"""Micro-batch plans of a rollout batch: which rows go through one forward/backward, with each one's padding-free window and shared prompts, worked out on the host."""
+"""Micro-batch plans of a rollout batch: which rows go through one forward/backward, with each one's padding-free
+window and shared prompts, worked out on the host."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ from rlexp.core.batch import RolloutBatch
 from rlexp.core.forward import PromptGroups, trim_window
 
 
-def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None, max_tokens: int | None = None,
-                  prompt_lengths: torch.Tensor | None = None, group_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+def micro_batches(
+    n: int,
+    size: int,
+    lengths: torch.Tensor | None = None,
+    max_tokens: int | None = None,
+    prompt_lengths: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
     """Row indices per micro-batch. Rows are sorted by completion length, longest first, so a
     micro-batch pads little; with ``group_ids`` whole groups stay together instead, ordered by their
     longest completion (their rows can share one prompt forward, at the price of padding every row to
@@ -26,7 +33,7 @@ def micro_batches(n: int, size: int, lengths: torch.Tensor | None = None, max_to
         order = order[torch.argsort(group_ids[order], stable=True)]
         order = order[torch.argsort(group_max[order], descending=True, stable=True)]
     if not max_tokens:
-        return [order[i:i + size] for i in range(0, n, size)]
+        return [order[i : i + size] for i in range(0, n, size)]
     if lengths is None or prompt_lengths is None:
         raise ValueError("micro_batches: max_tokens needs the rows' lengths and prompt_lengths")
     out, start, p_max, c_max = [], 0, 0, 0
@@ -47,22 +54,25 @@ class MicroBatch:
     shared prompt forward needs a device round trip per micro-batch; ``to(device)`` then moves the
     row index and the prompt grouping in one go."""
 
-    def __init__(self, idx: torch.Tensor, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu,
-                 find_groups: bool = True):
+    def __init__(
+        self, idx: torch.Tensor, prompt_ids_cpu, prompt_mask_cpu, completion_mask_cpu, find_groups: bool = True
+    ):
         self.idx = self.dev_idx = idx
         self.start, self.end = trim_window(prompt_mask_cpu[idx], completion_mask_cpu[idx])
-        pm, n_rows = prompt_mask_cpu[idx, self.start:], len(idx)
-        self.prompt_groups = None   # None: no prompt repeats, or not looked for
-        self._labels = None         # per row: which of the micro-batch's distinct prompts it has
-        prompt_rows = torch.arange(n_rows)   # rows whose prompt goes through the model
+        pm, n_rows = prompt_mask_cpu[idx, self.start :], len(idx)
+        self.prompt_groups = None  # None: no prompt repeats, or not looked for
+        self._labels = None  # per row: which of the micro-batch's distinct prompts it has
+        prompt_rows = torch.arange(n_rows)  # rows whose prompt goes through the model
         if find_groups:
-            _, self._labels = torch.unique(prompt_ids_cpu[idx, self.start:], dim=0, return_inverse=True)
-            prompt_rows = torch.zeros(int(self._labels.max()) + 1, dtype=torch.long).scatter_(0, self._labels, prompt_rows)
+            _, self._labels = torch.unique(prompt_ids_cpu[idx, self.start :], dim=0, return_inverse=True)
+            prompt_rows = torch.zeros(int(self._labels.max()) + 1, dtype=torch.long).scatter_(
+                0, self._labels, prompt_rows
+            )
         # positions the forward runs (padding included) and how many of them are real tokens
         self.positions = len(prompt_rows) * pm.shape[1] + n_rows * self.end
         self.tokens = int(pm[prompt_rows].sum() + completion_mask_cpu[idx].sum())
 
-    def to(self, device) -> "MicroBatch":
+    def to(self, device) -> MicroBatch:
         self.dev_idx = self.idx.to(device)
         if self._labels is not None:
             self.prompt_groups = PromptGroups.from_index(self._labels, device)
@@ -71,12 +81,18 @@ class MicroBatch:
     def rows(self, batch: RolloutBatch):
         """prompt ids, prompt mask, completion ids, completion mask of the rows, trimmed; and ``end``."""
         i, s, e = self.dev_idx, self.start, self.end
-        return (batch.prompt_ids[i, s:], batch.prompt_mask[i, s:], batch.completion_ids[i, :e],
-                batch.completion_mask[i, :e], e)
+        return (
+            batch.prompt_ids[i, s:],
+            batch.prompt_mask[i, s:],
+            batch.completion_ids[i, :e],
+            batch.completion_mask[i, :e],
+            e,
+        )
 
 
-def plan_micro_batches(batch: RolloutBatch, micro_batch: int, share_prompts: bool = True,
-                       max_tokens: int | None = None) -> list[MicroBatch]:
+def plan_micro_batches(
+    batch: RolloutBatch, micro_batch: int, share_prompts: bool = True, max_tokens: int | None = None
+) -> list[MicroBatch]:
     """``micro_batches`` of the batch, with each one's trimmed window (see ``trim``) and, with
     ``share_prompts``, which of its rows share a prompt. Without sharing, rows are cut by length:
     a group's completions differ in length, and keeping them together padded each to the group's
@@ -89,8 +105,10 @@ def plan_micro_batches(batch: RolloutBatch, micro_batch: int, share_prompts: boo
     lengths, prompt_lengths = batch.lengths.cpu(), pm.sum(1)
 
     def plan(group_ids):
-        return [MicroBatch(idx, p, pm, cm, share_prompts)
-                for idx in micro_batches(len(batch), micro_batch, lengths, max_tokens, prompt_lengths, group_ids)]
+        return [
+            MicroBatch(idx, p, pm, cm, share_prompts)
+            for idx in micro_batches(len(batch), micro_batch, lengths, max_tokens, prompt_lengths, group_ids)
+        ]
 
     best = plan(None)
     if share_prompts:

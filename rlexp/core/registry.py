@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,26 @@ class Registry:
 _ALG = "rlexp.algorithms"
 ADVANTAGES = Registry("advantage", "estimator(batch, **settings) -> (N,) or (N, T) advantages", (f"{_ALG}.advantages",))
 LOSSES = Registry(
-    "loss", "loss(logp, old_logp, advantages, mask, **settings) -> LossOutput (per-token loss, token stats)",
+    "loss",
+    "loss(logp, old_logp, advantages, mask, **settings) -> LossOutput (per-token loss, token stats)",
     (f"{_ALG}.losses",),
 )
 AGGREGATIONS = Registry(
     "aggregation", "mode(per_token, mask, norm: Normaliser) -> scalar loss share", (f"{_ALG}.aggregation",)
 )
-KL_ESTIMATORS = Registry("kl_estimator", "estimator(log_ratio = log pi_ref - log pi) -> per-token KL", (f"{_ALG}.regularisers",))
+KL_ESTIMATORS = Registry(
+    "kl_estimator", "estimator(log_ratio = log pi_ref - log pi) -> per-token KL", (f"{_ALG}.regularisers",)
+)
 REGULARISERS = Registry("regulariser", "token-level terms and models beside the policy loss", (f"{_ALG}.regularisers",))
-GROUP_STAGES = Registry("group_stage", "stage(batch, ctx) -> batch (filter, refill, reshape rewards)", (f"{_ALG}.group_stages",))
+GROUP_STAGES = Registry(
+    "group_stage", "stage(batch, ctx) -> batch (filter, refill, reshape rewards)", (f"{_ALG}.group_stages",)
+)
 CRITICS = Registry("critic", "critic with stage(batch, ctx) and update(batch, ...) -> metrics", (f"{_ALG}.critics",))
 REWARDS = Registry("reward", "RewardTerm: term(samples) -> TermResult (one score per sample)", ("rlexp.rewards",))
 SAMPLERS = Registry(
-    "sampler", "sampler(records, batch_size, seed) with next_batch(), state_dict(), load_state_dict()", ("rlexp.samplers",)
+    "sampler",
+    "sampler(records, batch_size, seed) with next_batch(), state_dict(), load_state_dict()",
+    ("rlexp.samplers",),
 )
 
 KINDS: dict[str, Registry] = {

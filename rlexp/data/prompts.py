@@ -1,4 +1,5 @@
 """Prompt construction with the model's chat template."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@
 
 with a deterministic train/eval split under ``seed`` and no question in both splits.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def _split(name: str, records: list[dict], eval_size: int, seed: int, train_size
             seen.add(r["question"])
             unique.append(r)
     if eval_size >= len(unique):
-        raise ValueError(f"dataset {name}: eval_size={eval_size} leaves no training data ({len(unique)} unique records)")
+        raise ValueError(
+            f"dataset {name}: eval_size={eval_size} leaves no training data ({len(unique)} unique records)"
+        )
     order = list(range(len(unique)))
     random.Random(seed).shuffle(order)
     ev = [unique[i] for i in order[:eval_size]]
@@ -34,15 +37,26 @@ def _split(name: str, records: list[dict], eval_size: int, seed: int, train_size
     return DatasetSplits(name, tr[:train_size] if train_size else tr, ev)
 
 
-def reasoning_gym_task(name: str, seed: int, train_size: int = 2000, eval_size: int = 100, options: dict | None = None) -> DatasetSplits:
+def reasoning_gym_task(
+    name: str, seed: int, train_size: int = 2000, eval_size: int = 100, options: dict | None = None
+) -> DatasetSplits:
     """A procedurally generated reasoning-gym task, scored by the task's own scorer."""
     import reasoning_gym as rg
+
     try:
         ds = rg.create_dataset(name, size=int((train_size + eval_size) * 1.2) + 10, seed=seed, **dict(options or {}))
     except Exception as e:  # unknown task or bad option: name it
         raise ValueError(f"dataset.name={name!r} / dataset.options={dict(options or {})}: {e}") from e
-    records = [{"id": f"{name}-{i}", "question": e["question"], "answer": str(e["answer"]), "scorer": "reasoning_gym",
-                "metadata": _jsonable(e["metadata"])} for i, e in enumerate(ds)]
+    records = [
+        {
+            "id": f"{name}-{i}",
+            "question": e["question"],
+            "answer": str(e["answer"]),
+            "scorer": "reasoning_gym",
+            "metadata": _jsonable(e["metadata"]),
+        }
+        for i, e in enumerate(ds)
+    ]
     return _split(f"reasoning_gym/{name}", records, eval_size, seed, train_size)
 
 
@@ -57,8 +71,16 @@ def parse_gsm8k_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def gsm8k(seed: int, name: str = "gsm8k", path: str = "openai/gsm8k", subset: str = "main", split: str = "train",
-          data_files: str | None = None, eval_size: int = 200, train_size: int | None = None) -> DatasetSplits:
+def gsm8k(
+    seed: int,
+    name: str = "gsm8k",
+    path: str = "openai/gsm8k",
+    subset: str = "main",
+    split: str = "train",
+    data_files: str | None = None,
+    eval_size: int = 200,
+    train_size: int | None = None,
+) -> DatasetSplits:
     """GSM8K (Cobbe et al., 2021) from the hub (``openai/gsm8k``) or a local file in its schema
     (``question``, ``answer`` ending in ``#### <number>``)."""
     rows = load_table(data_files) if data_files else _load_hub(path, subset, split)
@@ -69,18 +91,41 @@ def gsm8k(seed: int, name: str = "gsm8k", path: str = "openai/gsm8k", subset: st
             gold = parse_gsm8k_answer(r["answer"])
         except ValueError as e:
             raise ValueError(f"{data_files or path}: row {i + 1}: {e}") from e
-        records.append({"id": f"gsm8k-{i}", "question": r["question"], "answer": gold, "scorer": "math",
-                        "metadata": {"solution": r["answer"]}})
+        records.append(
+            {
+                "id": f"gsm8k-{i}",
+                "question": r["question"],
+                "answer": gold,
+                "scorer": "math",
+                "metadata": {"solution": r["answer"]},
+            }
+        )
     return _split(name, records, eval_size, seed, train_size)
 
 
-def local_file(path: str, seed: int, name: str | None = None, question_column: str = "question", answer_column: str = "answer",
-               scorer: str = "math", eval_size: int = 50, train_size: int | None = None) -> DatasetSplits:
+def local_file(
+    path: str,
+    seed: int,
+    name: str | None = None,
+    question_column: str = "question",
+    answer_column: str = "answer",
+    scorer: str = "math",
+    eval_size: int = 50,
+    train_size: int | None = None,
+) -> DatasetSplits:
     """A local jsonl/json/parquet/csv file with named question and answer columns."""
     rows = load_table(path)
     _require_columns(rows, [question_column, answer_column], path)
-    records = [{"id": f"{Path(path).stem}-{i}", "question": str(r[question_column]), "answer": str(r[answer_column]),
-                "scorer": scorer, "metadata": {}} for i, r in enumerate(rows)]
+    records = [
+        {
+            "id": f"{Path(path).stem}-{i}",
+            "question": str(r[question_column]),
+            "answer": str(r[answer_column]),
+            "scorer": scorer,
+            "metadata": {},
+        }
+        for i, r in enumerate(rows)
+    ]
     return _split(name or Path(path).stem, records, eval_size, seed, train_size)
 
 
@@ -107,6 +152,7 @@ def load_table(path: str) -> list[dict]:
         return data if isinstance(data, list) else data["data"]
     if p.suffix in (".parquet", ".csv"):
         from datasets import load_dataset
+
         return list(load_dataset(p.suffix[1:], data_files=str(p), split="train"))
     raise ValueError(f"unsupported dataset file type {p.suffix!r} ({path}); use .jsonl, .json, .parquet or .csv")
 
@@ -122,4 +168,5 @@ def _require_columns(rows: list[dict], columns: list[str], source: str) -> None:
 
 def _load_hub(path: str, subset: str | None, split: str) -> list[dict]:
     from datasets import load_dataset
+
     return list(load_dataset(path, subset, split=split))

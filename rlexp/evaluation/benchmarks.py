@@ -1,13 +1,23 @@
 """A benchmark = a data source, a prompt format, an answer extractor and a checker (one entry of
 the ``benchmark`` config group; a suite is several entries merged under ``benchmark``)."""
+
 from __future__ import annotations
 
 from rlexp.data.prompts import PromptFormat
 
 
 class Benchmark:
-    def __init__(self, name: str, source, prompt: PromptFormat, extractor, checker, limit: int | None = None,
-                 max_new_tokens: int | None = None, description: str = ""):
+    def __init__(
+        self,
+        name: str,
+        source,
+        prompt: PromptFormat,
+        extractor,
+        checker,
+        limit: int | None = None,
+        max_new_tokens: int | None = None,
+        description: str = "",
+    ):
         if limit is not None and limit < 1:
             raise ValueError(f"benchmark.{name}.limit={limit} must be >= 1 (or null for all problems)")
         self.name, self.source, self.prompt = name, source, prompt
@@ -31,7 +41,9 @@ class Benchmark:
                 raise RuntimeError(f"benchmark.{self.name}: {e}") from e
             if not self._records:
                 raise ValueError(f"benchmark.{self.name}: the source gave no problems")
-        recs = [r for r in self._records if r["question"] not in exclude_questions] if exclude_questions else self._records
+        recs = (
+            [r for r in self._records if r["question"] not in exclude_questions] if exclude_questions else self._records
+        )
         lim = limit if limit is not None else self.limit
         if self.limit is not None and limit is not None:
             lim = min(self.limit, limit)

@@ -8,6 +8,7 @@ answer to re-derive.
 A checker scores a batch of extracted answers against their records (1.0 = correct) and says when
 two answers are the same (majority voting, re-derivation consistency).
 """
+
 from __future__ import annotations
 
 import re
@@ -135,8 +136,9 @@ class CodeChecker:
 
     def check(self, answers: list[str | None], records: list[dict]) -> list[float]:
         idx = [i for i, a in enumerate(answers) if a is not None]
-        results = run_many([humaneval_program(answers[i], records[i]) for i in idx], self.timeout, self.memory_mb,
-                           self.workers)
+        results = run_many(
+            [humaneval_program(answers[i], records[i]) for i in idx], self.timeout, self.memory_mb, self.workers
+        )
         scores = [0.0] * len(answers)
         self.last_results = [None] * len(answers)
         for i, r in zip(idx, results):

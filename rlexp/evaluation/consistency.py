@@ -18,11 +18,12 @@ A completion without an answer in the prompt's format cannot be measured: it cou
 in both rates and is counted separately (``consistency/no_answer_frac``). ``likelihood_mean`` is the
 mean over completions that state an answer.
 """
+
 from __future__ import annotations
 
 import copy
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -41,20 +42,28 @@ def first_answer(cut: str, continuation: str) -> str:
         return cut + continuation.split("\n", 1)[0]
     if tail.lower().endswith("<answer>"):
         end = continuation.lower().find("</answer>")
-        return cut + (continuation[:end + len("</answer>")] if end >= 0 else continuation)
+        return cut + (continuation[: end + len("</answer>")] if end >= 0 else continuation)
     if tail.endswith("{"):
         depth = 1
         for j, ch in enumerate(continuation):
             depth += (ch == "{") - (ch == "}")
             if depth == 0:
-                return cut + continuation[:j + 1]
+                return cut + continuation[: j + 1]
     return cut + continuation
 
 
 class ConsistencyMeter:
-    def __init__(self, rederive: bool = True, likelihood: bool = True, judge: str = "reference",
-                 threshold: float = 0.5, max_new_tokens: int = 16, max_completions: int | None = None,
-                 batch_size: int = 16, enabled: bool = True):
+    def __init__(
+        self,
+        rederive: bool = True,
+        likelihood: bool = True,
+        judge: str = "reference",
+        threshold: float = 0.5,
+        max_new_tokens: int = 16,
+        max_completions: int | None = None,
+        batch_size: int = 16,
+        enabled: bool = True,
+    ):
         if judge not in JUDGES:
             raise ValueError(f"consistency.judge={judge!r} is not one of {JUDGES}")
         if not 0.0 <= threshold <= 1.0:
@@ -88,9 +97,17 @@ class ConsistencyMeter:
 
     # ---- measuring -----------------------------------------------------------------------------
     @torch.no_grad()
-    def measure(self, policy, tokenizer, prompts: list[str], completions: list[str], answer_format: str,
-                extract: Callable[[str], str | None], equivalent: Callable[[str, str, int], bool],
-                rollout=None) -> tuple[dict[str, float], list[dict]]:
+    def measure(
+        self,
+        policy,
+        tokenizer,
+        prompts: list[str],
+        completions: list[str],
+        answer_format: str,
+        extract: Callable[[str], str | None],
+        equivalent: Callable[[str, str, int], bool],
+        rollout=None,
+    ) -> tuple[dict[str, float], list[dict]]:
         """Metrics and one dict per measured completion (``stated``, ``rederived``,
         ``rederive_consistent``, ``likelihood``). ``extract(text)`` gives the answer stated in the
         prompt's format; ``equivalent(a, b, i)`` compares two answers of completion ``i``."""
@@ -105,31 +122,52 @@ class ConsistencyMeter:
             per[i]["stated"] = stated
             if stated is not None:
                 has.append(i)
-        m: dict[str, float] = {"consistency/measured": float(n),
-                               "consistency/no_answer_frac": (n - len(has)) / n if n else float("nan")}
+        m: dict[str, float] = {
+            "consistency/measured": float(n),
+            "consistency/no_answer_frac": (n - len(has)) / n if n else float("nan"),
+        }
         if self.rederive:
             consistent = 0
             if has:
                 from rlexp.rollout.hf import HFRollout
+
                 gen = rollout or HFRollout(max_new_tokens=self.max_new_tokens)
-                cut = [completions[i][:spans[i][0]].rstrip(" \t") for i in has]  # the judge writes its own space
+                cut = [completions[i][: spans[i][0]].rstrip(" \t") for i in has]  # the judge writes its own space
                 texts: list[str] = []
                 for k in range(0, len(has), self.batch_size):
-                    chunk = has[k:k + self.batch_size]
-                    out = gen.generate(judge, tokenizer, [prompts[i] + cut[k + j] for j, i in enumerate(chunk)], 1,
-                                       greedy=True, max_new_tokens=self.max_new_tokens)
+                    chunk = has[k : k + self.batch_size]
+                    out = gen.generate(
+                        judge,
+                        tokenizer,
+                        [prompts[i] + cut[k + j] for j, i in enumerate(chunk)],
+                        1,
+                        greedy=True,
+                        max_new_tokens=self.max_new_tokens,
+                    )
                     texts.extend(out.texts)
                 for j, i in enumerate(has):
                     rederived = extract(first_answer(cut[j], texts[j]))
-                    ok = rederived is not None and (rederived == per[i]["stated"] or equivalent(per[i]["stated"], rederived, i))
+                    ok = rederived is not None and (
+                        rederived == per[i]["stated"] or equivalent(per[i]["stated"], rederived, i)
+                    )
                     per[i].update(rederived=rederived, rederive_continuation=texts[j], rederive_consistent=bool(ok))
                     consistent += int(ok)
             for i in range(n):
                 per[i].setdefault("rederive_consistent", False)
             m["consistency/rederive_rate"] = consistent / n if n else float("nan")
         if self.likelihood:
-            conf = answer_confidence(judge, tokenizer, [prompts[i] for i in has], [completions[i] for i in has],
-                                     answer_format, self.batch_size) if has else torch.zeros(0)
+            conf = (
+                answer_confidence(
+                    judge,
+                    tokenizer,
+                    [prompts[i] for i in has],
+                    [completions[i] for i in has],
+                    answer_format,
+                    self.batch_size,
+                )
+                if has
+                else torch.zeros(0)
+            )
             vals = []
             for j, i in enumerate(has):
                 v = float(conf[j])
@@ -145,16 +183,25 @@ class ConsistencyMeter:
     def batch_metrics(self, policy, tokenizer, batch, answer_format: str) -> dict[str, float]:
         """Per-step training metrics over a rollout batch (its prompts, completions and records)."""
         from rlexp.evaluation.checkers import AnswerChecker, AnswerExtractor
+
         extractor, checker = AnswerExtractor(answer_format), AnswerChecker()
         records = batch.records
-        metrics, _ = self.measure(policy, tokenizer, batch.prompts, batch.completions, answer_format, extractor.strict,
-                                  lambda a, b, i: checker.equivalent(a, b, records[i]))
+        metrics, _ = self.measure(
+            policy,
+            tokenizer,
+            batch.prompts,
+            batch.completions,
+            answer_format,
+            extractor.strict,
+            lambda a, b, i: checker.equivalent(a, b, records[i]),
+        )
         return metrics
 
 
 def meter_from_config(node) -> ConsistencyMeter | None:
     """A ``ConsistencyMeter`` from the ``consistency`` config node, or None when it is disabled."""
     from omegaconf import OmegaConf
+
     values = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
     if not values.get("enabled", False):
         return None

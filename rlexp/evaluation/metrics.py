@@ -15,13 +15,14 @@
 Metric names are MLflow-safe (MLflow rejects ``@``): pass@k is logged as ``pass_at_k`` and maj@k as
 ``maj_at_k``, e.g. ``eval/gsm8k/pass_at_1``.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
 import random
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -66,8 +67,14 @@ def majority_pick(clusters: Sequence[int | None], correct_of: dict[int, float], 
     raise ValueError(f"eval.maj_tie={tie!r} is not one of ('random', 'first')")
 
 
-def maj_at_k(clusters: Sequence[int | None], correct_of: dict[int, float], k: int, tie: str = "random",
-             max_subsets: int = 2000, seed: int = 0) -> float:
+def maj_at_k(
+    clusters: Sequence[int | None],
+    correct_of: dict[int, float],
+    k: int,
+    tie: str = "random",
+    max_subsets: int = 2000,
+    seed: int = 0,
+) -> float:
     """maj@k for one problem, averaged over k-subsets of its n samples (see module docstring)."""
     n = len(clusters)
     if not 1 <= k <= n:
@@ -103,8 +110,9 @@ def cluster_answers(answers: Sequence[str | None], equivalent) -> list[int | Non
     return out
 
 
-def bootstrap_ci(values: Sequence[float], num_resamples: int = 1000, level: float = 0.95,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], num_resamples: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean of ``values`` (one per problem)."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
@@ -119,11 +127,20 @@ def bootstrap_ci(values: Sequence[float], num_resamples: int = 1000, level: floa
     return float(lo), float(hi)
 
 
-def summarize(correct: Sequence[Sequence[float]], clusters: Sequence[Sequence[int | None]] | None = None,
-              correct_of: Sequence[dict[int, float]] | None = None, lengths: Sequence[Sequence[int]] = (),
-              truncated: Sequence[Sequence[bool]] = (), ks: Sequence[int] | None = None,
-              maj_ks: Sequence[int] | None = None, maj_tie: str = "random", max_subsets: int = 2000,
-              num_resamples: int = 1000, ci_level: float = 0.95, seed: int = 0) -> dict[str, float]:
+def summarize(
+    correct: Sequence[Sequence[float]],
+    clusters: Sequence[Sequence[int | None]] | None = None,
+    correct_of: Sequence[dict[int, float]] | None = None,
+    lengths: Sequence[Sequence[int]] = (),
+    truncated: Sequence[Sequence[bool]] = (),
+    ks: Sequence[int] | None = None,
+    maj_ks: Sequence[int] | None = None,
+    maj_tie: str = "random",
+    max_subsets: int = 2000,
+    num_resamples: int = 1000,
+    ci_level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
     """Benchmark-level metrics from per-problem, per-sample results (all problems have n samples).
 
     ``correct[p][j]`` is 1/0 for sample j of problem p. Returns ``pass_at_k`` for each k in ``ks``
@@ -144,8 +161,9 @@ def summarize(correct: Sequence[Sequence[float]], clusters: Sequence[Sequence[in
     m["pass_at_1_ci_low"], m["pass_at_1_ci_high"] = bootstrap_ci(per_problem, num_resamples, ci_level, seed)
     if clusters is not None and correct_of is not None:
         for k in resolve_ks(maj_ks if maj_ks is not None else [n], n):
-            m[f"maj_at_{k}"] = float(np.mean([maj_at_k(cl, co, k, maj_tie, max_subsets, seed)
-                                              for cl, co in zip(clusters, correct_of)]))
+            m[f"maj_at_{k}"] = float(
+                np.mean([maj_at_k(cl, co, k, maj_tie, max_subsets, seed) for cl, co in zip(clusters, correct_of)])
+            )
     flat_len = [x for row in lengths for x in row]
     if flat_len:
         m["length/mean"] = float(np.mean(flat_len))

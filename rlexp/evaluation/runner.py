@@ -9,6 +9,7 @@ Used by ``rlexp eval`` and, as ``evaluator(model, tokenizer, step)``, by the tra
 ``consistency/*`` (see ``evaluation.consistency``); with several benchmarks also ``eval/mean/*``
 (the unweighted mean over benchmarks of accuracy and pass_at_1).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,16 @@ CORRECT = 1.0 - 1e-9  # a sample is correct when its checker score reaches 1 (re
 
 @dataclass
 class EvalSettings:
-    n: int = 1                          # samples per problem
-    ks: list[int] | None = None         # pass@k for these k <= n (None: every k in 1..n)
-    maj_ks: list[int] | None = None     # maj@k for these k <= n (None: k = n)
-    maj_tie: str = "random"             # random (expected value over tied answers) | first (verl)
-    max_subsets: int = 2000             # maj@k: exact over all k-subsets up to this many, else sampled
-    greedy: bool | None = None          # None: greedy iff n == 1
-    max_new_tokens: int | None = None   # None: the benchmark's, else the rollout's
-    limit: int | None = None            # problems per benchmark (None: the benchmark's limit / all)
-    batch_problems: int = 8             # problems per generate call (each with n samples)
-    bootstrap: int = 1000               # bootstrap resamples for the pass@1 CI (0: off)
+    n: int = 1  # samples per problem
+    ks: list[int] | None = None  # pass@k for these k <= n (None: every k in 1..n)
+    maj_ks: list[int] | None = None  # maj@k for these k <= n (None: k = n)
+    maj_tie: str = "random"  # random (expected value over tied answers) | first (verl)
+    max_subsets: int = 2000  # maj@k: exact over all k-subsets up to this many, else sampled
+    greedy: bool | None = None  # None: greedy iff n == 1
+    max_new_tokens: int | None = None  # None: the benchmark's, else the rollout's
+    limit: int | None = None  # problems per benchmark (None: the benchmark's limit / all)
+    batch_problems: int = 8  # problems per generate call (each with n samples)
+    bootstrap: int = 1000  # bootstrap resamples for the pass@1 CI (0: off)
     ci_level: float = 0.95
     seed: int = 0
     write_samples: bool = True
@@ -69,8 +70,16 @@ class BenchmarkEvaluator:
     """Evaluates ``benchmarks`` with ``rollout``; ``consistency`` is a ``ConsistencyMeter`` or None.
     ``exclude_questions`` drops problems whose question is in it (a training run's own data)."""
 
-    def __init__(self, benchmarks: dict[str, Benchmark], rollout, settings: EvalSettings, consistency=None,
-                 out_dir: str | Path | None = None, exclude_questions=(), prefix: str = "eval"):
+    def __init__(
+        self,
+        benchmarks: dict[str, Benchmark],
+        rollout,
+        settings: EvalSettings,
+        consistency=None,
+        out_dir: str | Path | None = None,
+        exclude_questions=(),
+        prefix: str = "eval",
+    ):
         if not benchmarks:
             raise ValueError("benchmark: no benchmark selected (e.g. benchmark=offline)")
         self.benchmarks, self.rollout, self.s = benchmarks, rollout, settings
@@ -99,12 +108,23 @@ class BenchmarkEvaluator:
                         for row in rows:
                             f.write(json.dumps(row, default=str) + "\n")
                     result.files.append(path)
-                log.info("eval %s (step %d): %s", name, step,
-                         {k: round(v, 4) for k, v in metrics.items() if k in ("accuracy", "pass_at_1", f"maj_at_{self.s.n}")})
+                log.info(
+                    "eval %s (step %d): %s",
+                    name,
+                    step,
+                    {
+                        k: round(v, 4)
+                        for k, v in metrics.items()
+                        if k in ("accuracy", "pass_at_1", f"maj_at_{self.s.n}")
+                    },
+                )
         if len(self.benchmarks) > 1:
             for key in ("accuracy", "pass_at_1"):
-                vals = [result.metrics[f"{self.prefix}/{b}/{key}"] for b in self.benchmarks
-                        if f"{self.prefix}/{b}/{key}" in result.metrics]
+                vals = [
+                    result.metrics[f"{self.prefix}/{b}/{key}"]
+                    for b in self.benchmarks
+                    if f"{self.prefix}/{b}/{key}" in result.metrics
+                ]
                 if vals:
                     result.metrics[f"{self.prefix}/mean/{key}"] = float(np.mean(vals))
         if out_dir is not None:
@@ -119,15 +139,18 @@ class BenchmarkEvaluator:
         s, n = self.s, self.s.n
         records = bench.records(s.limit, self.exclude)
         if not records:
-            raise ValueError(f"benchmark.{bench.name}: no problems left (limit={s.limit}, {len(self.exclude)} excluded)")
+            raise ValueError(
+                f"benchmark.{bench.name}: no problems left (limit={s.limit}, {len(self.exclude)} excluded)"
+            )
         prompts = [bench.prompt.render(tokenizer, r["question"]) for r in records]
         greedy = (n == 1) if s.greedy is None else s.greedy
         log.info("eval %s: %d problems x %d %s samples", bench.name, len(records), n, "greedy" if greedy else "sampled")
         max_new = s.max_new_tokens or bench.max_new_tokens
         texts, lengths, truncated = [], [], []
         for i in range(0, len(prompts), s.batch_problems):
-            out = self.rollout.generate(model, tokenizer, prompts[i:i + s.batch_problems], n, greedy=greedy,
-                                        max_new_tokens=max_new)
+            out = self.rollout.generate(
+                model, tokenizer, prompts[i : i + s.batch_problems], n, greedy=greedy, max_new_tokens=max_new
+            )
             texts.extend(out.texts)
             lengths.extend(out.completion_mask.sum(-1).tolist())
             truncated.extend(out.truncated.tolist())
@@ -136,43 +159,78 @@ class BenchmarkEvaluator:
         scores = bench.checker.check(answers, recs_rep)
         exec_status = list(getattr(bench.checker, "last_results", None) or [None] * len(texts))
         correct = [float(sc >= CORRECT) for sc in scores]
-        grid = lambda xs: [xs[p * n:(p + 1) * n] for p in range(len(records))]
+        grid = lambda xs: [xs[p * n : (p + 1) * n] for p in range(len(records))]
         vote = bench.answer_format is not None
         clusters, correct_of = None, None
         if vote:
             clusters, correct_of = [], []
             for p, rec in enumerate(records):
-                cl = cluster_answers(answers[p * n:(p + 1) * n], lambda a, b, r=rec: bench.checker.equivalent(a, b, r))
+                cl = cluster_answers(
+                    answers[p * n : (p + 1) * n], lambda a, b, r=rec: bench.checker.equivalent(a, b, r)
+                )
                 co = {}
-                for cid, ok in zip(cl, correct[p * n:(p + 1) * n]):
+                for cid, ok in zip(cl, correct[p * n : (p + 1) * n]):
                     if cid is not None:
                         co.setdefault(cid, ok)
                 clusters.append(cl)
                 correct_of.append(co)
-        metrics = summarize(grid(correct), clusters, correct_of, grid(lengths), grid(truncated), s.ks, s.maj_ks,
-                            s.maj_tie, s.max_subsets, s.bootstrap, s.ci_level, s.seed)
+        metrics = summarize(
+            grid(correct),
+            clusters,
+            correct_of,
+            grid(lengths),
+            grid(truncated),
+            s.ks,
+            s.maj_ks,
+            s.maj_tie,
+            s.max_subsets,
+            s.bootstrap,
+            s.ci_level,
+            s.seed,
+        )
         metrics["score_mean"] = float(np.mean(scores))
         metrics["no_answer_frac"] = float(np.mean([a is None for a in answers]))
         per = [{} for _ in texts]
         if self.consistency is not None and bench.answer_format is not None:
             cm, per_c = self.consistency.measure(
-                model, tokenizer, [pr for pr in prompts for _ in range(n)], texts, bench.answer_format,
-                bench.extractor.strict, lambda a, b, i: bench.checker.equivalent(a, b, recs_rep[i]))
+                model,
+                tokenizer,
+                [pr for pr in prompts for _ in range(n)],
+                texts,
+                bench.answer_format,
+                bench.extractor.strict,
+                lambda a, b, i: bench.checker.equivalent(a, b, recs_rep[i]),
+            )
             metrics.update(cm)
-            per[:len(per_c)] = per_c
+            per[: len(per_c)] = per_c
         rows = []
         for p, rec in enumerate(records):
             samples = []
             for j in range(p * n, (p + 1) * n):
-                sample = {"completion": texts[j], "answer": answers[j], "score": scores[j], "correct": bool(correct[j]),
-                          "num_tokens": int(lengths[j]), "truncated": bool(truncated[j])}
+                sample = {
+                    "completion": texts[j],
+                    "answer": answers[j],
+                    "score": scores[j],
+                    "correct": bool(correct[j]),
+                    "num_tokens": int(lengths[j]),
+                    "truncated": bool(truncated[j]),
+                }
                 if exec_status[j] is not None:
                     sample["execution"] = exec_status[j]
                 if per[j]:
                     sample["consistency"] = per[j]
                 samples.append(sample)
-            rows.append({"benchmark": bench.name, "id": rec["id"], "question": rec["question"], "prompt": prompts[p],
-                         "gold": rec["answer"], "num_correct": int(sum(correct[p * n:(p + 1) * n])), "samples": samples})
+            rows.append(
+                {
+                    "benchmark": bench.name,
+                    "id": rec["id"],
+                    "question": rec["question"],
+                    "prompt": prompts[p],
+                    "gold": rec["answer"],
+                    "num_correct": int(sum(correct[p * n : (p + 1) * n])),
+                    "samples": samples,
+                }
+            )
         return metrics, rows
 
 
@@ -181,6 +239,7 @@ def settings_from_config(cfg_eval, seed: int) -> EvalSettings:
     from dataclasses import fields
 
     from omegaconf import OmegaConf
+
     names = {f.name for f in fields(EvalSettings)}
     values = {k: v for k, v in OmegaConf.to_container(cfg_eval, resolve=True).items() if k in names}
     return EvalSettings(**{**values, "seed": seed})
@@ -190,6 +249,7 @@ def build_benchmarks(cfg_benchmark) -> dict[str, Benchmark]:
     """Instantiate every entry under ``benchmark`` (its key is its name)."""
     from hydra.utils import instantiate
     from omegaconf import DictConfig
+
     if not cfg_benchmark:
         raise ValueError("benchmark: no benchmark selected (e.g. benchmark=offline or benchmark=[gsm8k,math500])")
     out = {}
@@ -205,8 +265,15 @@ def training_evaluator(cfg, data, rollout, consistency=None) -> BenchmarkEvaluat
     steps): per-problem files under <run_dir>/eval/step_<step>/, the run's own training and held-out
     questions excluded, ``eval.temperature`` (when set) through a copy of the rollout."""
     from hydra.utils import instantiate
+
     if cfg.eval.temperature is not None and cfg.eval.temperature != getattr(rollout, "temperature", None):
         rollout = instantiate(cfg.rollout, temperature=cfg.eval.temperature)
     exclude = {r["question"] for r in [*data.train, *data.eval]}
-    return BenchmarkEvaluator(build_benchmarks(cfg.benchmark), rollout, settings_from_config(cfg.eval, cfg.trainer.seed),
-                              consistency, out_dir=Path(cfg.trainer.run_dir) / "eval", exclude_questions=exclude)
+    return BenchmarkEvaluator(
+        build_benchmarks(cfg.benchmark),
+        rollout,
+        settings_from_config(cfg.eval, cfg.trainer.seed),
+        consistency,
+        out_dir=Path(cfg.trainer.run_dir) / "eval",
+        exclude_questions=exclude,
+    )

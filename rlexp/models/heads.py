@@ -1,4 +1,5 @@
 """Small helpers for calling transformers causal LMs."""
+
 from __future__ import annotations
 
 import torch

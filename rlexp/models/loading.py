@@ -10,6 +10,7 @@ Three sources, one return type (``LoadedModel``):
   of a GGUF/hub model; for tests (a full train step runs in well under a second).
 * ``hub`` – any ``from_pretrained`` id or local directory (needs internet for hub ids).
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -60,8 +61,9 @@ def gguf_file_path(package: str, filename: str) -> Path:
     return path
 
 
-def convert_gguf_once(package: str, filename: str, cache_dir: str | os.PathLike | None = None,
-                      gguf_path: str | None = None) -> Path:
+def convert_gguf_once(
+    package: str, filename: str, cache_dir: str | os.PathLike | None = None, gguf_path: str | None = None
+) -> Path:
     """Dequantise a packaged GGUF into a ``save_pretrained`` directory (once; a file lock guards
     concurrent jobs of a multirun). ``gguf_path`` points at the file directly instead of a package.
     Returns the directory."""
@@ -100,8 +102,14 @@ def load_tokenizer(source: str, **kwargs) -> PreTrainedTokenizerBase:
     return _prepare_tokenizer(AutoTokenizer.from_pretrained(source, **kwargs))
 
 
-def load_pretrained(path: str, dtype: torch.dtype, device: torch.device, name: str | None = None,
-                    revision: str | None = None, attn_implementation: str | None = "sdpa") -> LoadedModel:
+def load_pretrained(
+    path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str | None = None,
+    revision: str | None = None,
+    attn_implementation: str | None = "sdpa",
+) -> LoadedModel:
     kwargs = {"revision": revision} if revision else {}
     tok = load_tokenizer(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
@@ -109,24 +117,51 @@ def load_pretrained(path: str, dtype: torch.dtype, device: torch.device, name: s
     return LoadedModel(model, tok, name or path)
 
 
-def load_gguf_package(package: str, gguf_file: str, dtype: torch.dtype, device: torch.device,
-                      name: str, cache_dir: str | None = None, gguf_path: str | None = None, **_) -> LoadedModel:
+def load_gguf_package(
+    package: str,
+    gguf_file: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str,
+    cache_dir: str | None = None,
+    gguf_path: str | None = None,
+    **_,
+) -> LoadedModel:
     path = convert_gguf_once(package, gguf_file, cache_dir, gguf_path)
     return load_pretrained(str(path), dtype, device, name=name)
 
 
-def load_tiny(tokenizer_package: str, tokenizer_gguf_file: str, dtype: torch.dtype, device: torch.device,
-              name: str, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-              intermediate_size: int = 128, seed: int = 0, cache_dir: str | None = None, **_) -> LoadedModel:
+def load_tiny(
+    tokenizer_package: str,
+    tokenizer_gguf_file: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    **_,
+) -> LoadedModel:
     """Random-initialised Llama-family model (SmolLM2's architecture) with SmolLM2's real tokenizer."""
     path = convert_gguf_once(tokenizer_package, tokenizer_gguf_file, cache_dir)
     tok = load_tokenizer(str(path))
     base = AutoConfig.from_pretrained(str(path))
     config = type(base)(
-        vocab_size=base.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=base.bos_token_id,
-        eos_token_id=base.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=base.vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=base.bos_token_id,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -136,8 +171,9 @@ def load_tiny(tokenizer_package: str, tokenizer_gguf_file: str, dtype: torch.dty
     return LoadedModel(model, tok, name)
 
 
-def load_hub(path: str, dtype: torch.dtype, device: torch.device, name: str, revision: str | None = None,
-             **_) -> LoadedModel:
+def load_hub(
+    path: str, dtype: torch.dtype, device: torch.device, name: str, revision: str | None = None, **_
+) -> LoadedModel:
     return load_pretrained(path, dtype, device, name=name, revision=revision)
 
 

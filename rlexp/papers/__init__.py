@@ -12,9 +12,10 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -151,9 +152,19 @@ def format_papers(papers: Iterable[Paper], status: str | None = None, family: st
     """A fixed-width table (id, status, family, year, arXiv, catalogue, configs, title) and a summary line."""
     rows = filter_papers(papers, status, family)
     head = ("id", "status", "family", "year", "arxiv", "catalogue", "configs", "title")
-    table = [head] + [(p.id, p.status, p.family, str(p.year or "-"), p.arxiv or "-", _clip(p.catalogue or "-", 30),
-                       _clip(", ".join(p.configs) or "-", 36), _clip(p.title, 70))
-                      for p in rows]
+    table = [head] + [
+        (
+            p.id,
+            p.status,
+            p.family,
+            str(p.year or "-"),
+            p.arxiv or "-",
+            _clip(p.catalogue or "-", 30),
+            _clip(", ".join(p.configs) or "-", 36),
+            _clip(p.title, 70),
+        )
+        for p in rows
+    ]
     widths = [max(len(r[i]) for r in table) for i in range(len(head) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 5)
@@ -182,5 +193,15 @@ def main(argv: list[str]) -> None:
     sys.stdout.write(view(papers, status=status, family=args.family) + "\n")
 
 
-__all__ = ["KEYS", "REGISTRY", "STATUSES", "Paper", "filter_papers", "format_papers", "load_papers", "main",
-           "papers_json", "summary"]
+__all__ = [
+    "KEYS",
+    "REGISTRY",
+    "STATUSES",
+    "Paper",
+    "filter_papers",
+    "format_papers",
+    "load_papers",
+    "main",
+    "papers_json",
+    "summary",
+]

@@ -12,6 +12,7 @@ Each extractor returns ``None`` when the completion states no final answer in th
 (our choice, used for the accuracy reward so that an unformatted correct answer still scores; the
 format reward is what teaches the format).
 """
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,7 @@ def extract_hash(text: str) -> str | None:
     idx = text.rfind("####")
     if idx < 0:
         return None
-    ans = text[idx + 4:].strip().splitlines()
+    ans = text[idx + 4 :].strip().splitlines()
     return _clean(ans[0]) if ans and ans[0].strip() else None
 
 
@@ -55,7 +56,7 @@ def extract_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                inner = text[i + 1:j].strip()
+                inner = text[i + 1 : j].strip()
                 return inner or None
     return None
 
@@ -86,8 +87,8 @@ def answer_span(text: str, answer_format: str = "auto") -> tuple[int, int] | Non
     for name in names:
         if name == "hash":
             idx = text.rfind("####")
-            if idx >= 0 and text[idx + 4:].strip():
-                line = text[idx + 4:].split("\n")[0]
+            if idx >= 0 and text[idx + 4 :].strip():
+                line = text[idx + 4 :].split("\n")[0]
                 s = idx + 4 + (len(line) - len(line.lstrip()))
                 return s, idx + 4 + len(line.rstrip())
         elif name == "tag":
@@ -99,7 +100,7 @@ def answer_span(text: str, answer_format: str = "auto") -> tuple[int, int] | Non
             if start >= 0 and extract_boxed(text) is not None:
                 i = text.find("{", start)
                 inner = extract_boxed(text)
-                return i + 1, i + 1 + len(text[i + 1:].split(inner, 1)[0]) + len(inner)
+                return i + 1, i + 1 + len(text[i + 1 :].split(inner, 1)[0]) + len(inner)
     return None
 
 
@@ -117,6 +118,7 @@ def math_equal(pred: str, gold: str) -> bool:
     if normalize_number(pred) == normalize_number(gold):
         return True
     from math_verify import parse, verify
+
     try:
         g = parse(_as_latex(gold), parsing_timeout=None)
         p = parse(_as_latex(pred), parsing_timeout=None)

@@ -16,6 +16,7 @@ correctness ratio (``rlexp.algorithms.group_stages.length_switch``), using the s
 
 Lengths are completion tokens (EOS included, as in ``RolloutBatch.lengths``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,8 +54,13 @@ class LengthPenalty(RewardTerm):
     scored as incorrect and flagged as a failure of this term.
     """
 
-    def __init__(self, weight: float = 1.0, answer_format: str = "hash", fallback_last_number: bool = True,
-                 correct_min: float = 1.0):
+    def __init__(
+        self,
+        weight: float = 1.0,
+        answer_format: str = "hash",
+        fallback_last_number: bool = True,
+        correct_min: float = 1.0,
+    ):
         super().__init__(weight)
         self.accuracy = Accuracy(1.0, answer_format, fallback_last_number)
         self.correct_min = float(correct_min)

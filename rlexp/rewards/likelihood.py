@@ -6,6 +6,7 @@ The completion is cut at the end of its stated answer; the answer tokens are tho
 characters fall inside the answer span (``rewards.answers.answer_span``), found through the fast
 tokenizer's offset mapping, so the tokenisation is the one the model saw.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ from rlexp.rewards.answers import answer_span
 
 
 @torch.no_grad()
-def answer_confidence(model, tokenizer, prompts: list[str], completions: list[str], answer_format: str = "auto",
-                      batch_size: int = 16) -> torch.Tensor:
+def answer_confidence(
+    model, tokenizer, prompts: list[str], completions: list[str], answer_format: str = "auto", batch_size: int = 16
+) -> torch.Tensor:
     """(N,) exp(mean answer-token log-prob); NaN where the completion states no parsable answer."""
     device = next(model.parameters()).device
     out = torch.full((len(prompts),), float("nan"))
@@ -25,11 +27,16 @@ def answer_confidence(model, tokenizer, prompts: list[str], completions: list[st
     for i, (p, c) in enumerate(zip(prompts, completions)):
         span = answer_span(c, answer_format)
         if span is not None and span[1] > span[0]:
-            items.append((i, p + c[:span[1]], len(p) + span[0], len(p) + span[1]))
+            items.append((i, p + c[: span[1]], len(p) + span[0], len(p) + span[1]))
     for k in range(0, len(items), batch_size):
-        chunk = items[k:k + batch_size]
-        enc = tokenizer([t for _, t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False,
-                        return_offsets_mapping=True)
+        chunk = items[k : k + batch_size]
+        enc = tokenizer(
+            [t for _, t, _, _ in chunk],
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+        )
         offsets = enc.pop("offset_mapping")
         enc = enc.to(device)
         positions = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)

@@ -1,4 +1,5 @@
 """The reward stage: every term scores every sample; the weighted sum is the reward."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,17 @@ from rlexp.rewards.terms import RewardTerm, Sample
 
 def samples_of(batch: RolloutBatch) -> list[Sample]:
     lengths = batch.lengths.tolist()
-    return [Sample(batch.prompts[i], batch.completions[i], batch.records[i], int(batch.group_ids[i]),
-                   int(lengths[i]), bool(batch.truncated[i])) for i in range(len(batch))]
+    return [
+        Sample(
+            batch.prompts[i],
+            batch.completions[i],
+            batch.records[i],
+            int(batch.group_ids[i]),
+            int(lengths[i]),
+            bool(batch.truncated[i]),
+        )
+        for i in range(len(batch))
+    ]
 
 
 def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:

@@ -4,12 +4,13 @@
 sample raises, records the failure for that sample (score 0, flagged) instead of crashing the run.
 Group-aware terms override ``__call__`` (they see every sample with its ``group``).
 """
+
 from __future__ import annotations
 
 import logging
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from rlexp.core.registry import REWARDS
 from rlexp.rewards.answers import extract_answer, math_equal
@@ -55,9 +56,10 @@ class RewardTerm:
         return TermResult(scores, failures)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rg_scorer(task: str):
     import reasoning_gym as rg
+
     return rg.get_score_answer_fn(task)
 
 

@@ -3,8 +3,8 @@ with far less work around each model call.
 
 * **One prefill per prompt.** The G completions of a prompt share its prompt: the prompt runs through
   the model once and its KV cache is repeated G times (into preallocated buffers, or written G times
-  into the static cache: ``prefill_static``), which removes (G−1)/G of the prefill. (A preallocated cache instead of the dynamic cache's
-  per-token concatenation was tried on the CPU: no faster, 5.9–6.0 s vs 5.9–6.2 s per rollout.)
+  into the static cache: ``prefill_static``), which removes (G−1)/G of the prefill. (A preallocated cache instead of the
+  dynamic cache's per-token concatenation was tried on the CPU: no faster, 5.9–6.0 s vs 5.9–6.2 s per rollout.)
 * **A few tensor ops per token.** Sampling (temperature, top-k, top-p), the log-prob of the sampled token
   under softmax(logits / temperature) (the ratio's denominator, as recorded by ``SampledLogprobRecorder``),
   padding after EOS and the done flags are computed on the device, and "have all rows finished?" is
@@ -18,8 +18,8 @@ with far less work around each model call.
   ``cache_length_multiple`` (128): prompts of nearby lengths share one compiled step (every
   decode step attends over the whole cache, so the multiple is kept small).
 
-* **Captured token steps (``graph="capture"`` / ``"capture_compiled"``).** ``StaticDecodeState`` keeps everything a token
-  step touches in fixed buffers (last logits, tokens, log-probs, done flags, step counter, prompt length,
+* **Captured token steps (``graph="capture"`` / ``"capture_compiled"``).** ``StaticDecodeState`` keeps everything a
+  token step touches in fixed buffers (last logits, tokens, log-probs, done flags, step counter, prompt length,
   key mask) and advances them with device-side ops only — sampling, bookkeeping, the 4D attention mask
   and the model call on the static cache — so ``k = stop_check_every`` consecutive steps are captured
   once per (batch, cache length, sampling) as one ``torch.cuda.CUDAGraph`` and replayed: one launch
@@ -40,6 +40,7 @@ Greedy decoding gives ``generate``'s tokens (token for token in fp32 on the CPU;
 static cache's kernels round differently from the dynamic cache's, so long greedy continuations can
 part ways after a near-tie).
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,8 @@ class PreallocatedLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         if end > self._k.shape[-2]:
             raise RuntimeError(f"preallocated KV cache of {self._k.shape[-2]} positions overflowed ({end})")
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
         self.length = end
         self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
         return self.keys, self.values
@@ -121,14 +122,14 @@ def sample_categorical(probs: torch.Tensor, method: str = "auto", block: int = 2
         probs = torch.nn.functional.pad(probs, (0, block - V % block))
     blocks = probs.view(N, -1, block)
     nb = blocks.shape[1]
-    block_cdf = blocks.sum(-1).cumsum(-1)                                  # (N, nb)
+    block_cdf = blocks.sum(-1).cumsum(-1)  # (N, nb)
     u = torch.rand(N, 1, dtype=block_cdf.dtype, device=block_cdf.device) * block_cdf[:, -1:]
-    b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)     # block_cdf[b-1] <= u < block_cdf[b]
+    b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)  # block_cdf[b-1] <= u < block_cdf[b]
     below = block_cdf.gather(-1, (b - 1).clamp(min=0)) * (b > 0)
     inner = blocks.gather(1, b[:, :, None].expand(N, 1, block)).squeeze(1).cumsum(-1)
     # u − below lies in [0, block total); the min guards rounding between the two sums, so the draw
     # stays on a positive-weight index of the block
-    rest = torch.minimum(u - below, inner[:, -1:] * (1 - 2 ** -20))
+    rest = torch.minimum(u - below, inner[:, -1:] * (1 - 2**-20))
     j = torch.searchsorted(inner, rest, right=True).clamp(max=block - 1)
     return (b * block + j).squeeze(-1)
 
@@ -142,7 +143,7 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
     if s.greedy:
         tokens = logits.argmax(-1)
     elif not s.top_k and s.top_p >= 1.0:
-        tokens = sample_categorical(logp.exp())    # exp of the log-softmax: one pass, not a second softmax
+        tokens = sample_categorical(logp.exp())  # exp of the log-softmax: one pass, not a second softmax
     else:
         kept = scaled
         if s.top_k and s.top_k < kept.shape[-1]:
@@ -151,7 +152,7 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
         if s.top_p < 1.0:
             sorted_logits, order = torch.sort(kept, descending=True, dim=-1)
             probs_sorted = torch.softmax(sorted_logits, -1)
-            drop_sorted = probs_sorted.cumsum(-1) - probs_sorted > s.top_p   # keeps at least the top token
+            drop_sorted = probs_sorted.cumsum(-1) - probs_sorted > s.top_p  # keeps at least the top token
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             kept = kept.masked_fill(drop, float("-inf"))
         tokens = sample_categorical(torch.softmax(kept, -1))
@@ -169,19 +170,20 @@ class StaticDecodeState:
     ops (no host reads, no allocation that outlives it), so consecutive calls can be captured as one
     CUDA graph; ``load()`` starts a rollout after the prefill."""
 
-    def __init__(self, model, cache, B: int, L: int, T: int, V: int, eos_ids: list[int], pad_id: int,
-                 sampling: Sampling, device):
+    def __init__(
+        self, model, cache, B: int, L: int, T: int, V: int, eos_ids: list[int], pad_id: int, sampling: Sampling, device
+    ):
         self.model, self.cache, self.sampling, self.pad_id = model, cache, sampling, pad_id
         self.eos = torch.tensor(eos_ids, device=device)
-        self.logits = torch.zeros(B, V, dtype=torch.float, device=device)    # sampling works in fp32 anyway
+        self.logits = torch.zeros(B, V, dtype=torch.float, device=device)  # sampling works in fp32 anyway
         self.tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(B, T, dtype=torch.float, device=device)
         self.done = torch.zeros(B, dtype=torch.bool, device=device)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=device)      # real prompt tokens per row
+        self.lengths = torch.zeros(B, dtype=torch.long, device=device)  # real prompt tokens per row
         self.key_valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # prompt padding hidden
-        self.prompt_len = torch.zeros((), dtype=torch.long, device=device)   # P: first generated position
-        self.t = torch.zeros((), dtype=torch.long, device=device)            # tokens sampled so far
-        self.used = torch.zeros((), dtype=torch.long, device=device)         # columns up to the last row's EOS
+        self.prompt_len = torch.zeros((), dtype=torch.long, device=device)  # P: first generated position
+        self.t = torch.zeros((), dtype=torch.long, device=device)  # tokens sampled so far
+        self.used = torch.zeros((), dtype=torch.long, device=device)  # columns up to the last row's EOS
         self.key_index = torch.arange(L, device=device)
 
     def load(self, prompt_mask: torch.Tensor, logits: torch.Tensor) -> None:
@@ -207,15 +209,20 @@ class StaticDecodeState:
         self.tokens.index_copy_(1, column, tok[:, None])
         self.logprobs.index_copy_(1, column, lp.masked_fill(self.done, 0.0)[:, None])
         self.done |= finished(tok, self.eos)
-        position = self.prompt_len + self.t                                   # its cache position
+        position = self.prompt_len + self.t  # its cache position
         mask = (self.key_valid & (self.key_index <= position))[:, None, None, :]
-        out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=(self.lengths + self.t)[:, None],
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=(self.lengths + self.t)[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.logits.copy_(out.logits[:, -1])
         self.t += 1
 
 
-CAPTURED = ("capture", "capture_compiled")          # rlexp's own CUDA graph of whole token steps
+CAPTURED = ("capture", "capture_compiled")  # rlexp's own CUDA graph of whole token steps
 GRAPHS = ("compile", *CAPTURED, None)
 
 
@@ -223,8 +230,9 @@ def prefill_static(model, cache, prompt_ids, prompt_mask, positions, repeats: in
     """Prefill each of the U distinct prompts once (dynamic cache) and write its keys and values
     ``repeats`` times, row-major, into the (reset) static ``cache`` of U·repeats rows; returns the
     (U·repeats, V) last-position logits. Saves (G−1)/G of the prefill against prefilling every row."""
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=last)
+    out = model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=last
+    )
     cache.reset()
     for static_layer, layer in zip(cache.layers, out.past_key_values.layers):
         static_layer.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0))
@@ -239,8 +247,14 @@ class DecodeLoop:
     eager on the CPU); ``capture_compiled`` — the same, with the token step compiled by
     ``torch.compile`` (``compile_backend``, Inductor: fused kernels) before it is captured; None — eager."""
 
-    def __init__(self, static: bool = False, graph: str | None = None, stop_check_every: int = 8,
-                 cache_length_multiple: int = 128, compile_backend: str = "inductor"):
+    def __init__(
+        self,
+        static: bool = False,
+        graph: str | None = None,
+        stop_check_every: int = 8,
+        cache_length_multiple: int = 128,
+        compile_backend: str = "inductor",
+    ):
         if graph not in GRAPHS:
             raise ValueError(f"decode graph {graph!r} is not one of {list(GRAPHS)}")
         self.compile_backend = compile_backend
@@ -253,6 +267,7 @@ class DecodeLoop:
     # ---- pieces ----------------------------------------------------------------------------------
     def _static_cache(self, model, batch: int, length: int):
         from transformers import StaticCache
+
         key = (id(model), batch, length)
         cache = self._caches.get(key)
         if cache is None:
@@ -286,7 +301,9 @@ class DecodeLoop:
             state.load(torch.ones(B, 1, dtype=torch.long, device=device), state.logits)
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):   # warm-up outside the graph: compilation, cuBLAS handles, SDPA's kernel choice
+            with torch.cuda.stream(
+                side
+            ):  # warm-up outside the graph: compilation, cuBLAS handles, SDPA's kernel choice
                 for _ in range(2):
                     step()
             torch.cuda.current_stream(device).wait_stream(side)
@@ -295,9 +312,12 @@ class DecodeLoop:
                 with torch.cuda.graph(graph):
                     for _ in range(self.stop_check_every):
                         step()
-            except RuntimeError as e:   # an op that cannot be captured here: same steps, run eagerly
-                log.warning("rollout.decode_graph=%s: CUDA graph capture failed (%s); decoding without a graph",
-                            self.graph, str(e).splitlines()[0])
+            except RuntimeError as e:  # an op that cannot be captured here: same steps, run eagerly
+                log.warning(
+                    "rollout.decode_graph=%s: CUDA graph capture failed (%s); decoding without a graph",
+                    self.graph,
+                    str(e).splitlines()[0],
+                )
                 graph = None
             torch.cuda.current_stream(device).synchronize()
         self._states[key] = state, step, graph
@@ -305,9 +325,17 @@ class DecodeLoop:
 
     # ---- the loop --------------------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
-            max_new_tokens: int, eos_ids: list[int], pad_id: int, sampling: Sampling
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        model,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        num_generations: int,
+        max_new_tokens: int,
+        eos_ids: list[int],
+        pad_id: int,
+        sampling: Sampling,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Completions (U·G, T) and their sampling log-probs (U·G, T) for left-padded prompts (U, P);
         rows are prompt-major (the G completions of prompt u are rows u·G … u·G+G−1); tokens after a
         row's EOS are ``pad_id`` with log-prob 0; T ≤ ``max_new_tokens`` (the loop stops once every
@@ -317,31 +345,37 @@ class DecodeLoop:
         U, P = prompt_ids.shape
         B = U * G
         k = self.stop_check_every if self.graph in CAPTURED else 1
-        steps = -(-max_new_tokens // k) * k                             # the captured loop runs whole blocks of k
+        steps = -(-max_new_tokens // k) * k  # the captured loop runs whole blocks of k
         L = P + steps
         if self.static:
             L = -(-L // self.cache_length_multiple) * self.cache_length_multiple
-        lengths = prompt_mask.sum(-1).repeat_interleave(G)            # real prompt tokens per row
+        lengths = prompt_mask.sum(-1).repeat_interleave(G)  # real prompt tokens per row
         mask = torch.ones(B, L, dtype=prompt_mask.dtype, device=device)
         mask[:, :P] = prompt_mask.repeat_interleave(G, 0)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         last = last_position(P, device)
 
         if self.graph in CAPTURED:
-            with torch.autocast(device.type, enabled=False):   # the graph computes in the model's dtype
-                return self._run_captured(model, prompt_ids, G, max_new_tokens, steps, eos_ids, pad_id, sampling,
-                                          mask, positions, last)
+            with torch.autocast(device.type, enabled=False):  # the graph computes in the model's dtype
+                return self._run_captured(
+                    model, prompt_ids, G, max_new_tokens, steps, eos_ids, pad_id, sampling, mask, positions, last
+                )
         if self.static:
             cache = self._static_cache(model, B, L)
             logits = prefill_static(model, cache, prompt_ids, prompt_mask, positions, G, last)
-        else:   # one prefill per distinct prompt, then its cache repeated G times into preallocated buffers
-            out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
-                        use_cache=True, logits_to_keep=last)
+        else:  # one prefill per distinct prompt, then its cache repeated G times into preallocated buffers
+            out = model(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=last,
+            )
             cache = out.past_key_values
             preallocate(cache, G, L)
             logits = out.logits[:, -1].repeat_interleave(G, 0)
             del out
-        compile = self.graph == "compile" and device.type == "cuda"   # reduce-overhead = CUDA graphs
+        compile = self.graph == "compile" and device.type == "cuda"  # reduce-overhead = CUDA graphs
         step = self._step_fn(model, compile) if self.static else model
 
         eos = torch.tensor(eos_ids, device=device)
@@ -362,9 +396,14 @@ class DecodeLoop:
                 break
             if compile:
                 torch.compiler.cudagraph_mark_step_begin()
-            out = step(input_ids=tok[:, None], attention_mask=mask if self.static else mask[:, :P + t],
-                       position_ids=(lengths + (t - 1))[:, None], past_key_values=cache,
-                       cache_position=cache_positions[t - 1:t], use_cache=True)
+            out = step(
+                input_ids=tok[:, None],
+                attention_mask=mask if self.static else mask[:, : P + t],
+                position_ids=(lengths + (t - 1))[:, None],
+                past_key_values=cache,
+                cache_position=cache_positions[t - 1 : t],
+                use_cache=True,
+            )
             logits = out.logits[:, -1]
         return tokens[:, :t], logprobs[:, :t]
 
@@ -388,5 +427,5 @@ class DecodeLoop:
             t += k
             if t >= max_new_tokens or bool(state.done.all()):
                 break
-        t = min(int(state.used), max_new_tokens)   # as the eager loop: up to the step the last row finished
+        t = min(int(state.used), max_new_tokens)  # as the eager loop: up to the step the last row finished
         return state.tokens[:, :t].clone(), state.logprobs[:, :t].clone()

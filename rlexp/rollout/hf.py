@@ -9,6 +9,7 @@ is alive at a time. They are the log-probs of softmax(logits / temperature) — 
 trainer's ratio uses (TRL's convention), which equals the sampling distribution when top-k/top-p
 are off.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +55,9 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     """Mask of tokens up to and including the first EOS, and whether each row has no EOS."""
     is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
     has_eos = is_eos.any(-1)
-    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    first = torch.where(
+        has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long)
+    )
     pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)
     mask = (pos[None, :] <= first[:, None]).long()
     return mask, ~has_eos
@@ -75,22 +78,38 @@ class HFRollout:
     steps compiled by Inductor, then captured) — so ``pad_to_multiple_of`` buckets
     prompt lengths to bound the shapes."""
 
-    def __init__(self, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 micro_batch: int = 0, cache_implementation: str | None = None, pad_to_multiple_of: int | None = None,
-                 inference_dtype: str | None = "auto", engine: str = "loop", stop_check_every: int = 8,
-                 decode_graph: str | None = "compile"):
+    def __init__(
+        self,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        micro_batch: int = 0,
+        cache_implementation: str | None = None,
+        pad_to_multiple_of: int | None = None,
+        inference_dtype: str | None = "auto",
+        engine: str = "loop",
+        stop_check_every: int = 8,
+        decode_graph: str | None = "compile",
+    ):
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
-            raise ValueError(f"rollout.cache_implementation={cache_implementation!r}: engine=loop supports "
-                             "null/dynamic or static")
+            raise ValueError(
+                f"rollout.cache_implementation={cache_implementation!r}: engine=loop supports null/dynamic or static"
+            )
         if decode_graph not in GRAPHS:
             raise ValueError(f"rollout.decode_graph={decode_graph!r} is not one of {list(GRAPHS)}")
         if decode_graph in CAPTURED and (engine != "loop" or cache_implementation != "static"):
-            raise ValueError(f"rollout.decode_graph={decode_graph} needs rollout.engine=loop and "
-                             f"rollout.cache_implementation=static (got {engine!r}, {cache_implementation!r})")
-        self._loop = DecodeLoop(static=cache_implementation == "static", graph=decode_graph,
-                                stop_check_every=stop_check_every) if engine == "loop" else None
+            raise ValueError(
+                f"rollout.decode_graph={decode_graph} needs rollout.engine=loop and "
+                f"rollout.cache_implementation=static (got {engine!r}, {cache_implementation!r})"
+            )
+        self._loop = (
+            DecodeLoop(static=cache_implementation == "static", graph=decode_graph, stop_check_every=stop_check_every)
+            if engine == "loop"
+            else None
+        )
         if max_new_tokens <= 0:
             raise ValueError(f"rollout.max_new_tokens must be > 0, got {max_new_tokens}")
         if temperature <= 0:
@@ -130,6 +149,7 @@ class HFRollout:
             return model
         if self._shadow is None or next(self._shadow.parameters()).dtype != dtype:
             import copy
+
             self._shadow = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         with torch.no_grad():
             for dst, src in zip(self._shadow.parameters(), model.parameters()):
@@ -137,25 +157,47 @@ class HFRollout:
         return self._shadow
 
     @torch.no_grad()
-    def generate(self, model, tokenizer, prompts: list[str], num_generations: int = 1,
-                 greedy: bool = False, max_new_tokens: int | None = None) -> RolloutOutput:
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompts: list[str],
+        num_generations: int = 1,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+    ) -> RolloutOutput:
         model = self.inference_model(model)
         if self._loop is not None:
             per_call = max(1, self.micro_batch // num_generations) if self.micro_batch else len(prompts)
-            parts = [self._generate_loop(model, tokenizer, prompts[i:i + per_call], num_generations, greedy,
-                                         max_new_tokens or self.max_new_tokens)
-                     for i in range(0, len(prompts), per_call)]
+            parts = [
+                self._generate_loop(
+                    model,
+                    tokenizer,
+                    prompts[i : i + per_call],
+                    num_generations,
+                    greedy,
+                    max_new_tokens or self.max_new_tokens,
+                )
+                for i in range(0, len(prompts), per_call)
+            ]
             return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
         rows = [p for p in prompts for _ in range(num_generations)]
         step = self.micro_batch or len(rows)
-        parts = [self._generate(model, tokenizer, rows[i:i + step], greedy, max_new_tokens or self.max_new_tokens)
-                 for i in range(0, len(rows), step)]
+        parts = [
+            self._generate(model, tokenizer, rows[i : i + step], greedy, max_new_tokens or self.max_new_tokens)
+            for i in range(0, len(rows), step)
+        ]
         return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
 
     def _encode(self, model, tokenizer, rows):
         device = next(model.parameters()).device
-        enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False,
-                        pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+        enc = tokenizer(
+            rows,
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        ).to(device)
         eos = model.generation_config.eos_token_id
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id]
         return enc, eos_ids
@@ -165,18 +207,36 @@ class HFRollout:
         sampling = Sampling(self.temperature, 0 if greedy else self.top_k, 1.0 if greedy else self.top_p, greedy)
         was_training = model.training
         model.eval()
-        completion, logprobs = self._loop.run(model, enc["input_ids"], enc["attention_mask"], num_generations,
-                                              max_new_tokens, eos_ids, tokenizer.pad_token_id, sampling)
+        completion, logprobs = self._loop.run(
+            model,
+            enc["input_ids"],
+            enc["attention_mask"],
+            num_generations,
+            max_new_tokens,
+            eos_ids,
+            tokenizer.pad_token_id,
+            sampling,
+        )
         model.train(was_training)
         G = num_generations
-        return _finish(tokenizer, enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0),
-                       completion, logprobs, eos_ids)
+        return _finish(
+            tokenizer,
+            enc["input_ids"].repeat_interleave(G, 0),
+            enc["attention_mask"].repeat_interleave(G, 0),
+            completion,
+            logprobs,
+            eos_ids,
+        )
 
     def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
         enc, eos_ids = self._encode(model, tokenizer, rows)
         recorder = SampledLogprobRecorder(self.temperature)
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
-                      logits_processor=LogitsProcessorList([recorder]))
+        kwargs = dict(
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos_ids,
+            logits_processor=LogitsProcessorList([recorder]),
+        )
         if self.cache_implementation:
             kwargs["cache_implementation"] = self.cache_implementation
         if greedy:
@@ -187,8 +247,12 @@ class HFRollout:
         model.eval()
         out = model.generate(**enc, **kwargs)
         model.train(was_training)
-        completion = out[:, enc["input_ids"].shape[1]:]
-        logprobs = recorder.finish(completion[:, -1]) if completion.shape[1] else torch.zeros_like(completion, dtype=torch.float)
+        completion = out[:, enc["input_ids"].shape[1] :]
+        logprobs = (
+            recorder.finish(completion[:, -1])
+            if completion.shape[1]
+            else torch.zeros_like(completion, dtype=torch.float)
+        )
         return _finish(tokenizer, enc["input_ids"], enc["attention_mask"], completion, logprobs, eos_ids)
 
 
@@ -197,7 +261,9 @@ def _finish(tokenizer, prompt_ids, prompt_mask, completion, logprobs, eos_ids) -
     mask, truncated = completion_mask_from_ids(completion, eos_ids)
     completion = torch.where(mask.bool(), completion, torch.full_like(completion, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
-    return RolloutOutput(prompt_ids, prompt_mask, completion, mask, logprobs.to(completion.device) * mask, truncated, texts)
+    return RolloutOutput(
+        prompt_ids, prompt_mask, completion, mask, logprobs.to(completion.device) * mask, truncated, texts
+    )
 
 
 def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
@@ -208,9 +274,14 @@ def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
             z = torch.full((t.shape[0], w - t.shape[1]), value, dtype=t.dtype, device=t.device)
             out.append(torch.cat([z, t], 1) if left else torch.cat([t, z], 1))
         return torch.cat(out)
+
     prompt_mask = pad([p.prompt_mask for p in parts], True)
     return RolloutOutput(
-        pad([p.prompt_ids for p in parts], True, pad_id), prompt_mask,
-        pad([p.completion_ids for p in parts], False, pad_id), pad([p.completion_mask for p in parts], False),
-        pad([p.logprobs for p in parts], False), torch.cat([p.truncated for p in parts]),
-        [t for p in parts for t in p.texts])
+        pad([p.prompt_ids for p in parts], True, pad_id),
+        prompt_mask,
+        pad([p.completion_ids for p in parts], False, pad_id),
+        pad([p.completion_mask for p in parts], False),
+        pad([p.logprobs for p in parts], False),
+        torch.cat([p.truncated for p in parts]),
+        [t for p in parts for t in p.texts],
+    )

@@ -6,6 +6,7 @@ architecture) — on the selected benchmarks with ``eval.n`` samples per problem
 ``eval/<benchmark>/<metric>`` to the same trackers as training (at the checkpoint's step), and
 writes ``<run dir>/eval/summary.json`` with a per-problem ``<benchmark>.jsonl`` beside it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,21 +31,26 @@ def resolve_checkpoint(path: str) -> tuple[Path, int | None]:
             meta = cand.parent / "trainer.json"
             step = json.loads(meta.read_text())["step"] if meta.exists() else None
             return cand, step
-    raise FileNotFoundError(f"eval.checkpoint={path}: no model found (expected <run dir>/checkpoints/last/model, "
-                            "<checkpoint>/model or a directory with config.json and *.safetensors)")
+    raise FileNotFoundError(
+        f"eval.checkpoint={path}: no model found (expected <run dir>/checkpoints/last/model, "
+        "<checkpoint>/model or a directory with config.json and *.safetensors)"
+    )
 
 
 def load_checkpoint_weights(base_model, model_dir: Path):
     """A copy of ``base_model`` with the weights saved in ``model_dir`` (strict up to tied lm_head)."""
     from safetensors.torch import load_file
+
     model = copy.deepcopy(base_model)
     state = {}
     for f in sorted(model_dir.glob("*.safetensors")):
         state.update(load_file(str(f), device=str(next(model.parameters()).device)))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if "lm_head" not in m]:
-        raise RuntimeError(f"eval.checkpoint {model_dir} does not match model={model.config.model_type}: "
-                           f"missing={missing[:5]} unexpected={unexpected[:5]}")
+        raise RuntimeError(
+            f"eval.checkpoint {model_dir} does not match model={model.config.model_type}: "
+            f"missing={missing[:5]} unexpected={unexpected[:5]}"
+        )
     if missing:
         model.tie_weights()
     return model.eval()
@@ -55,6 +61,7 @@ def run_eval(cfg: DictConfig):
     from rlexp.evaluation.consistency import meter_from_config
     from rlexp.evaluation.runner import BenchmarkEvaluator, build_benchmarks, settings_from_config
     from rlexp.models.loading import load_model
+
     t = cfg.trainer
     if cfg.eval.temperature is None or cfg.eval.temperature <= 0:
         raise ValueError(f"eval.temperature={cfg.eval.temperature}: must be > 0")
@@ -79,10 +86,17 @@ def run_eval(cfg: DictConfig):
     evaluator = BenchmarkEvaluator(benchmarks, rollout, settings, meter)
     tracker, jsonl = build_trackers(cfg, run_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
-    tags = {"kind": "eval", "model": cfg.model.name, "benchmarks": ",".join(benchmarks), "seed": str(t.seed),
-            "checkpoint": str(ckpt_dir) if ckpt_dir else "", "git_commit": prov["git"]["git_commit"],
-            "git_dirty": prov["git"]["git_dirty"], "run_dir": str(run_dir.resolve()),
-            "mlflow.runName": cfg.run_name or run_dir.name}
+    tags = {
+        "kind": "eval",
+        "model": cfg.model.name,
+        "benchmarks": ",".join(benchmarks),
+        "seed": str(t.seed),
+        "checkpoint": str(ckpt_dir) if ckpt_dir else "",
+        "git_commit": prov["git"]["git_commit"],
+        "git_dirty": prov["git"]["git_dirty"],
+        "run_dir": str(run_dir.resolve()),
+        "mlflow.runName": cfg.run_name or run_dir.name,
+    }
     tracker.start(cfg.run_name or run_dir.name, container, flatten(container), tags)
     jsonl.start(cfg.run_name or run_dir.name, container, {}, tags)
     status = "FAILED"
@@ -98,6 +112,9 @@ def run_eval(cfg: DictConfig):
         status = "FINISHED"
     finally:
         tracker.finish(status)
-    log.info("eval done (step %d): %s", step, {k: round(v, 4) for k, v in result.metrics.items()
-                                                 if k.endswith(("/accuracy", "/pass_at_1", "rederive_rate"))})
+    log.info(
+        "eval done (step %d): %s",
+        step,
+        {k: round(v, 4) for k, v in result.metrics.items() if k.endswith(("/accuracy", "/pass_at_1", "rederive_rate"))},
+    )
     return result

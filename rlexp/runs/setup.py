@@ -1,4 +1,5 @@
-"""What every app does before it builds a model: threads, seeds and device; provenance; trackers; config nodes instantiated with errors that name their key."""
+"""What every app does before it builds a model: threads, seeds and device; provenance; trackers; config nodes
+instantiated with errors that name their key."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def resolve_device(name: str) -> torch.device:
 def write_provenance(cfg: DictConfig, run_dir: Path) -> dict:
     """config.yaml, overrides.yaml and provenance.json in the run dir (see rlexp.tracking.provenance)."""
     from rlexp.tracking.provenance import write_provenance as write
+
     return write(cfg, run_dir)
 
 
 def build_trackers(cfg: DictConfig, run_dir: Path):
     from rlexp.tracking.base import JSONLTracker, MultiTracker
+
     backends = [instantiate(b) for b in (cfg.tracker.get("backends") or {}).values()]
     return MultiTracker(backends), JSONLTracker(run_dir / "metrics.jsonl")
 
@@ -58,6 +61,7 @@ def build(node, key: str, **kwargs):
     from hydra.errors import InstantiationException
 
     from rlexp.config.schema import ConfigError
+
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as e:

@@ -23,11 +23,19 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
     evaluators = []
     if cfg.eval.size > 0:
         from rlexp.evaluation.greedy import GreedyEvaluator
-        evaluators.append(GreedyEvaluator(data.eval[: cfg.eval.size], prompt_format, rollout, cfg.trainer.accuracy_term and
-                                          instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
-                                          max_new_tokens=cfg.eval.max_new_tokens))
+
+        evaluators.append(
+            GreedyEvaluator(
+                data.eval[: cfg.eval.size],
+                prompt_format,
+                rollout,
+                cfg.trainer.accuracy_term and instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
+                max_new_tokens=cfg.eval.max_new_tokens,
+            )
+        )
     if cfg.get("benchmark"):
         from rlexp.evaluation.runner import training_evaluator
+
         evaluators.append(training_evaluator(cfg, data, rollout, consistency))
     if len(evaluators) <= 1:
         return evaluators[0] if evaluators else None
@@ -39,8 +47,10 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     from rlexp.models.loading import load_model
     from rlexp.tracking.provenance import finish_provenance, run_tags
     from rlexp.trainer.loop import Trainer
+
     validate(cfg)
     from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
+
     callbacks = [*(callbacks or []), *sweep_callbacks(cfg)]
     t = cfg.trainer
     device = prepare_process(t)
@@ -57,16 +67,34 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
     tracker, jsonl = build_trackers(cfg, run_dir)
     from rlexp.evaluation.consistency import meter_from_config
+
     consistency = meter_from_config(cfg.consistency) if "consistency" in cfg else None
     container = OmegaConf.to_container(cfg, resolve=True)
     tags = run_tags(cfg, prov, run_dir)
     trainer = Trainer(
-        settings=t, model=loaded.model, tokenizer=loaded.tokenizer, algorithm=algorithm, reward_terms=reward_terms,
-        rollout=rollout, data=data, prompt_format=prompt_format, optimizer=optimizer, scheduler=scheduler,
-        tracker=tracker, jsonl=jsonl, run_dir=run_dir, run_name=cfg.run_name or run_dir.name, config=container,
-        params=flatten(container), tags=tags, accuracy_term=t.accuracy_term,
-        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency), callbacks=callbacks,
-        consistency=consistency, sampler=sampler)
+        settings=t,
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        algorithm=algorithm,
+        reward_terms=reward_terms,
+        rollout=rollout,
+        data=data,
+        prompt_format=prompt_format,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        tracker=tracker,
+        jsonl=jsonl,
+        run_dir=run_dir,
+        run_name=cfg.run_name or run_dir.name,
+        config=container,
+        params=flatten(container),
+        tags=tags,
+        accuracy_term=t.accuracy_term,
+        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency),
+        callbacks=callbacks,
+        consistency=consistency,
+        sampler=sampler,
+    )
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)
             cb.bind(trainer)
@@ -79,6 +107,9 @@ def run(cfg: DictConfig, callbacks: list | None = None):
         raise
     finally:
         finish_provenance(run_dir, status)
-    log.info("done: step %d  %s", result.last_step,
-             {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")})
+    log.info(
+        "done: step %d  %s",
+        result.last_step,
+        {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")},
+    )
     return result

@@ -1,4 +1,5 @@
 """Deterministic prompt order with a resumable position."""
+
 from __future__ import annotations
 
 import random

@@ -5,6 +5,7 @@ so. The trial is identified by the ``trial.storage/study/number`` overrides the 
 metric and the pruner come from the study's user attrs (set by the sweeper), so a job needs nothing
 else. A pruned run gets the tracker tags ``trial_state=PRUNED`` and ``pruned_at_step``.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,13 @@ class TrialReporter:
         from hydra.utils import instantiate
 
         from rlexp.sweeping.storage import open_storage
+
         self.storage_url, self.study_name, self.number = storage_url, study_name, number
         if storage_url not in _STORAGES:  # one connection pool per storage, however many trials run in this process
             _STORAGES[storage_url] = open_storage(storage_url)
-        study = optuna.load_study(study_name=study_name, storage=_STORAGES[storage_url],
-                                  sampler=optuna.samplers.RandomSampler())
+        study = optuna.load_study(
+            study_name=study_name, storage=_STORAGES[storage_url], sampler=optuna.samplers.RandomSampler()
+        )
         attrs = study.user_attrs
         pruner_cfg = attrs.get("pruner") or {"_target_": "optuna.pruners.NopPruner"}
         study.pruner = self.pruner = instantiate(pruner_cfg)
@@ -43,8 +46,10 @@ class TrialReporter:
         trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
         state = storage.get_trial(trial_id).state
         if state.is_finished():
-            raise RuntimeError(f"trial.number={number}: trial {number} of study {study_name!r} is already {state.name}; "
-                               "drop the trial.* overrides to train outside the sweep")
+            raise RuntimeError(
+                f"trial.number={number}: trial {number} of study {study_name!r} is already {state.name}; "
+                "drop the trial.* overrides to train outside the sweep"
+            )
         self.trial = optuna.trial.Trial(study, trial_id)
         self.trainer = None
         self.pruned_at: int | None = None
@@ -92,15 +97,21 @@ def check_objectives_measurable(cfg, objectives: list[str], pruning: bool = Fals
     """An ``eval/...`` objective needs evaluation in the job (held-out greedy eval or benchmarks);
     pruning on it needs evaluations during training, not only at the end."""
     from rlexp.config.schema import ConfigError
+
     evals = [o for o in objectives if o.startswith("eval/")]
     if not evals:
         return
     if cfg.eval.size <= 0 and not cfg.get("benchmark"):
-        raise ConfigError(f"hydra.sweeper.objective={objectives} needs evaluation: set eval.size > 0 "
-                          f"(now {cfg.eval.size}) or a +benchmark")
+        raise ConfigError(
+            f"hydra.sweeper.objective={objectives} needs evaluation: set eval.size > 0 "
+            f"(now {cfg.eval.size}) or a +benchmark"
+        )
     if pruning and not cfg.trainer.eval_every:
-        log.warning("trainer.eval_every=0: %s is measured only at the last step, so the pruner never stops this "
-                    "trial early; set trainer.eval_every", evals[0])
+        log.warning(
+            "trainer.eval_every=0: %s is measured only at the last step, so the pruner never stops this "
+            "trial early; set trainer.eval_every",
+            evals[0],
+        )
 
 
 def sweep_callbacks(cfg) -> list:
@@ -114,6 +125,7 @@ def sweep_callbacks(cfg) -> list:
     os.environ["RLEXP_SWEEP"] = str(t.study)
     os.environ["RLEXP_TRIAL"] = str(t.number)
     reporter = TrialReporter(str(t.storage), str(t.study), int(t.number))
-    check_objectives_measurable(cfg, [reporter.metric or "", *reporter.objectives],
-                                pruning=type(reporter.pruner).__name__ != "NopPruner")
+    check_objectives_measurable(
+        cfg, [reporter.metric or "", *reporter.objectives], pruning=type(reporter.pruner).__name__ != "NopPruner"
+    )
     return [reporter]

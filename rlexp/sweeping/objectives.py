@@ -1,4 +1,5 @@
 """Objectives named by metric: which numbers of a job's returned metrics a trial is scored on."""
+
 from __future__ import annotations
 
 import difflib
@@ -42,8 +43,9 @@ def objective_values(returned: Any, objectives: Sequence[str], n_directions: int
     as with the upstream plugin, a float or a sequence of floats."""
     if isinstance(returned, Mapping):
         if not objectives:
-            raise ValueError("hydra.sweeper.objective is null but the job returned a dict of metrics: "
-                             "name the metric(s) to optimise")
+            raise ValueError(
+                "hydra.sweeper.objective is null but the job returned a dict of metrics: name the metric(s) to optimise"
+            )
         values = []
         for name in objectives:
             v = lookup(returned, name)
@@ -60,8 +62,10 @@ def objective_values(returned: Any, objectives: Sequence[str], n_directions: int
     else:
         raise ValueError(f"the job returned {returned!r}: expected a metrics dict, a float or a list of floats")
     if len(values) != n_directions:
-        raise ValueError(f"{len(values)} objective value(s) for {n_directions} direction(s): hydra.sweeper.objective "
-                         "and hydra.sweeper.direction must have the same length")
+        raise ValueError(
+            f"{len(values)} objective value(s) for {n_directions} direction(s): hydra.sweeper.objective "
+            "and hydra.sweeper.direction must have the same length"
+        )
     for name, v in zip(objectives or ["value"] * len(values), values):
         if not math.isfinite(v):
             raise ValueError(f"objective {name!r} is {v} (not finite)")

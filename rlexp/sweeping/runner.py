@@ -11,15 +11,17 @@ job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` t
   metric to the trial at every step (``rlexp.sweeping.callback``); a job its pruner stopped is told
   PRUNED, a job that raised FAIL (with its error), anything else COMPLETE with the objective(s).
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from hydra.utils import get_method, instantiate
@@ -48,6 +50,7 @@ class SweepConfigError(ValueError):
 @dataclass
 class Outcome:
     """How one trial ended, as this worker saw it."""
+
     number: int
     state: str
     values: list | None = None
@@ -88,14 +91,23 @@ class OptunaSweep:
                 raise SweepConfigError(f"hydra.sweeper.direction: {d!r} is neither minimize nor maximize")
         self.objectives = [metric_key(o) for o in as_list(settings.objective)]
         if self.objectives and len(self.objectives) != len(self.directions):
-            raise SweepConfigError(f"hydra.sweeper.objective has {len(self.objectives)} metric(s) but "
-                                   f"hydra.sweeper.direction has {len(self.directions)}")
-        self.report_metric = metric_key(settings.report_metric) if settings.get("report_metric") else \
-            (self.objectives[0] if self.objectives else None)
-        self.pruner_cfg = OmegaConf.to_container(settings.pruner, resolve=True) if settings.get("pruner") else {"_target_": NOP}
+            raise SweepConfigError(
+                f"hydra.sweeper.objective has {len(self.objectives)} metric(s) but "
+                f"hydra.sweeper.direction has {len(self.directions)}"
+            )
+        self.report_metric = (
+            metric_key(settings.report_metric)
+            if settings.get("report_metric")
+            else (self.objectives[0] if self.objectives else None)
+        )
+        self.pruner_cfg = (
+            OmegaConf.to_container(settings.pruner, resolve=True) if settings.get("pruner") else {"_target_": NOP}
+        )
         if len(self.directions) > 1 and self.pruner_cfg.get("_target_") != NOP:
-            raise SweepConfigError("hydra.sweeper.pruner: Optuna cannot prune multi-objective studies; "
-                                   "use hydra/sweeper/pruner=none with several directions")
+            raise SweepConfigError(
+                "hydra.sweeper.pruner: Optuna cannot prune multi-objective studies; "
+                "use hydra/sweeper/pruner=none with several directions"
+            )
         if settings.n_trials < 1:
             raise SweepConfigError(f"hydra.sweeper.n_trials={settings.n_trials}: must be >= 1")
         if settings.n_jobs < 1:
@@ -104,19 +116,26 @@ class OptunaSweep:
             raise SweepConfigError(f"hydra.sweeper.max_failure_rate={settings.max_failure_rate}: must be in [0, 1]")
         self.in_flight = 1 if sequential else settings.n_jobs
         if sequential and settings.n_jobs > 1:
-            log.warning("hydra.sweeper.n_jobs=%d with the basic launcher: it runs one job at a time in this "
-                        "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials", settings.n_jobs)
+            log.warning(
+                "hydra.sweeper.n_jobs=%d with the basic launcher: it runs one job at a time in this "
+                "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials",
+                settings.n_jobs,
+            )
         self.sampler_cfg = settings.sampler
         self.seed = settings.sampler.get("seed")
         # other samplers get seed + trial number per trial, so resumed sweeps and parallel workers
         # sharing a seed do not replay the same draws
         self.per_trial_seed = self.seed is not None and settings.sampler._target_ not in FIXED_SEQUENCE
         self.trial_key = settings.get("trial_key", "trial")
-        self.hook: Callable | None = get_method(settings.custom_search_space) if settings.get("custom_search_space") else None
+        self.hook: Callable | None = (
+            get_method(settings.custom_search_space) if settings.get("custom_search_space") else None
+        )
         self.sweep_dir = str(config.hydra.sweep.dir)
         self.study_name = settings.study_name or str(config.hydra.job.name)
         self.storage_url = resolve_storage(settings.storage, self.sweep_dir, self.study_name)
-        self.grace = settings.grace_period if settings.get("grace_period") is not None else 4 * settings.heartbeat_interval
+        self.grace = (
+            settings.grace_period if settings.get("grace_period") is not None else 4 * settings.heartbeat_interval
+        )
         self.state = SweepState()
         self._last_recovery = 0.0
 
@@ -130,13 +149,20 @@ class OptunaSweep:
     def open_study(self) -> optuna.Study:
         with storage_lock(self.storage_url):  # workers starting together must not both create the tables
             self.storage = open_storage(self.storage_url)
-            study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=self.directions,
-                                        sampler=self.make_sampler(self.seed), pruner=instantiate(self.pruner_cfg),
-                                        load_if_exists=True)
+            study = optuna.create_study(
+                storage=self.storage,
+                study_name=self.study_name,
+                directions=self.directions,
+                sampler=self.make_sampler(self.seed),
+                pruner=instantiate(self.pruner_cfg),
+                load_if_exists=True,
+            )
         existing = [d.name.lower() for d in study.directions]
         if existing != self.directions:
-            raise SweepConfigError(f"hydra.sweeper.direction={self.directions}: study {self.study_name!r} in "
-                                   f"{redact(self.storage_url)} was created with {existing}; use another study_name")
+            raise SweepConfigError(
+                f"hydra.sweeper.direction={self.directions}: study {self.study_name!r} in "
+                f"{redact(self.storage_url)} was created with {existing}; use another study_name"
+            )
         for key, value in zip(STUDY_ATTRS, (self.objectives, self.report_metric, self.pruner_cfg)):
             study.set_user_attr(key, value)
         return study
@@ -173,8 +199,11 @@ class OptunaSweep:
         values = {**trial.params, **fixed, **derived}
         overrides = [f"{k}={v if k in fixed else format_value(v)}" for k, v in values.items()]
         if self.trial_key:
-            overrides += [f"{self.trial_key}.storage='{self.storage_url}'",
-                          f"{self.trial_key}.study='{self.study_name}'", f"{self.trial_key}.number={trial.number}"]
+            overrides += [
+                f"{self.trial_key}.storage='{self.storage_url}'",
+                f"{self.trial_key}.study='{self.study_name}'",
+                f"{self.trial_key}.number={trial.number}",
+            ]
         return overrides
 
     def launch(self, overrides: list[str], number: int):
@@ -269,7 +298,8 @@ class OptunaSweep:
 
     def run(self, arguments: list[str]) -> dict:
         self.space, self.fixed = build_search_space(
-            OmegaConf.to_container(self.s.params, resolve=False) if self.s.get("params") else None, arguments)
+            OmegaConf.to_container(self.s.params, resolve=False) if self.s.get("params") else None, arguments
+        )
         if not self.space and self.hook is None:
             raise SweepConfigError("hydra.sweeper.params is empty and no sweep override was given: nothing to search")
         self.n_trials = self.s.n_trials
@@ -280,10 +310,17 @@ class OptunaSweep:
                 log.info("grid sampler: %d grid points, n_trials %d -> %d", size, self.n_trials, size)
                 self.n_trials = size
         study = self.open_study()
-        log.info("Study %r in %s: %s %s, sampler %s, pruner %s, %d trials, %d in flight", self.study_name,
-                 redact(self.storage_url), self.directions, self.objectives or "(returned value)",
-                 self.sampler_cfg._target_.rsplit(".", 1)[-1], self.pruner_cfg["_target_"].rsplit(".", 1)[-1],
-                 self.n_trials, self.in_flight)
+        log.info(
+            "Study %r in %s: %s %s, sampler %s, pruner %s, %d trials, %d in flight",
+            self.study_name,
+            redact(self.storage_url),
+            self.directions,
+            self.objectives or "(returned value)",
+            self.sampler_cfg._target_.rsplit(".", 1)[-1],
+            self.pruner_cfg["_target_"].rsplit(".", 1)[-1],
+            self.n_trials,
+            self.in_flight,
+        )
         self.recover(study)
         done_before = tr.counted(self.storage.get_all_trials(study._study_id, deepcopy=False))
         if done_before:
@@ -296,11 +333,13 @@ class OptunaSweep:
                     tr.mark_interrupted(study, tid, f"sweep process stopped ({type(e).__name__})")
                 raise
         from rlexp.sweeping.summary import write_summary
+
         results = write_summary(study, self.sweep_dir, self.objectives, self.storage_url, make_plots=self.s.plots)
         if not self.failure_budget_left():
             raise RuntimeError(
                 f"{self.state.failures} trial(s) failed in this sweep, more than hydra.sweeper.max_failure_rate="
-                f"{self.s.max_failure_rate} of n_trials={self.n_trials}; last error: {self.state.last_error}")
+                f"{self.s.max_failure_rate} of n_trials={self.n_trials}; last error: {self.state.last_error}"
+            )
         return results
 
     def _loop(self, study, heartbeat) -> None:

@@ -16,9 +16,11 @@ current distribution classes:
 anything else (``x=5``)                a fixed value passed to every trial, not searched
 =====================================  =========================================================
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
@@ -94,18 +96,22 @@ def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], di
     lines, explicit = [], {}
     for key, value in (params or {}).items():
         if isinstance(value, (DictConfig, dict)):
-            explicit[str(key)] = distribution_from_dict(str(key), OmegaConf.to_container(value)
-                                                        if isinstance(value, DictConfig) else value)
+            explicit[str(key)] = distribution_from_dict(
+                str(key), OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+            )
         elif isinstance(value, (ListConfig, list)):
-            raise SearchSpaceError(f"hydra.sweeper.params.{key}: a list is not a search space; "
-                                   "write choice(...) or an explicit {type: categorical, choices: [...]}")
+            raise SearchSpaceError(
+                f"hydra.sweeper.params.{key}: a list is not a search space; "
+                "write choice(...) or an explicit {type: categorical, choices: [...]}"
+            )
         else:
             lines.append(f"{key}={value}")
     return lines, explicit
 
 
-def build_search_space(params: Mapping[str, Any] | None, arguments: list[str]
-                       ) -> tuple[dict[str, BaseDistribution], dict[str, Any]]:
+def build_search_space(
+    params: Mapping[str, Any] | None, arguments: list[str]
+) -> tuple[dict[str, BaseDistribution], dict[str, Any]]:
     """(distributions, fixed values) from ``hydra.sweeper.params`` then the command line; a later
     entry for the same key wins (so ``x=3`` on the command line fixes a searched ``x``)."""
     lines, explicit = params_to_overrides(params)
@@ -133,8 +139,9 @@ def grid_values(name: str, dist: BaseDistribution) -> list:
     if isinstance(dist, FloatDistribution) and dist.step is not None:
         n = int(round((dist.high - dist.low) / dist.step))
         return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
-    raise SearchSpaceError(f"{name}: the grid sampler needs a discrete parameter (choice, range, or a "
-                           f"step), got {dist}")
+    raise SearchSpaceError(
+        f"{name}: the grid sampler needs a discrete parameter (choice, range, or a step), got {dist}"
+    )
 
 
 def format_value(value: Any) -> str:

@@ -6,6 +6,7 @@ more parameters with ``trial.suggest_*``; here it may also return a dict of *der
 values computed from the sampled ones, recorded on the trial as the user attr ``derived`` but not
 searched.
 """
+
 from __future__ import annotations
 
 
@@ -20,7 +21,9 @@ def fixed_sample_budget(cfg, trial) -> dict:
     budget = int(cfg.trainer.prompts_per_step) * int(cfg.trainer.num_generations)
     g = int(trial.params[key])
     if g < 2 or budget % g:
-        raise ValueError(f"fixed_sample_budget: {key}={g} does not divide the budget of {budget} completions per step "
-                         f"(trainer.prompts_per_step={cfg.trainer.prompts_per_step} x "
-                         f"trainer.num_generations={cfg.trainer.num_generations})")
+        raise ValueError(
+            f"fixed_sample_budget: {key}={g} does not divide the budget of {budget} completions per step "
+            f"(trainer.prompts_per_step={cfg.trainer.prompts_per_step} x "
+            f"trainer.num_generations={cfg.trainer.num_generations})"
+        )
     return {"trainer.prompts_per_step": budget // g}

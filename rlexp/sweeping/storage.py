@@ -8,6 +8,7 @@
 
 Relative paths are made absolute, so a job that changes directory still reaches the same file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,42 +31,50 @@ def resolve_storage(storage: str | None, sweep_dir: str | Path, study_name: str)
         return default_storage(sweep_dir, study_name)
     storage = str(storage)
     if storage.startswith(JOURNAL):
-        path = storage[len(JOURNAL):]
+        path = storage[len(JOURNAL) :]
         if not path:
             raise ValueError("hydra.sweeper.storage=journal: needs a file path, e.g. journal:sweeps/study.log")
         return JOURNAL + str(Path(path).expanduser().absolute())
     if storage.startswith(SQLITE):
-        path = storage[len(SQLITE):]
+        path = storage[len(SQLITE) :]
         if path and path != ":memory:" and not path.startswith("/"):
             return SQLITE + str(Path(path).absolute())
         if path == ":memory:" or not path:
-            raise ValueError(f"hydra.sweeper.storage={storage}: an in-memory study cannot be shared with the "
-                             "training jobs; use a file (or leave storage null for <sweep dir>/<study>.db)")
+            raise ValueError(
+                f"hydra.sweeper.storage={storage}: an in-memory study cannot be shared with the "
+                "training jobs; use a file (or leave storage null for <sweep dir>/<study>.db)"
+            )
     if "://" not in storage:
-        raise ValueError(f"hydra.sweeper.storage={storage!r}: expected a database URL (sqlite:///..., "
-                         "postgresql://...) or journal:<path>")
+        raise ValueError(
+            f"hydra.sweeper.storage={storage!r}: expected a database URL (sqlite:///..., "
+            "postgresql://...) or journal:<path>"
+        )
     return storage
 
 
 def local_file(url: str) -> Path | None:
     """The file behind a SQLite or journal URL (None for a database server)."""
     if url.startswith(JOURNAL):
-        return Path(url[len(JOURNAL):])
+        return Path(url[len(JOURNAL) :])
     if url.startswith(SQLITE):
-        return Path(url[len(SQLITE):])
+        return Path(url[len(SQLITE) :])
     return None
 
 
 def open_storage(url: str):
     """An Optuna storage object for a resolved URL (creates the file's folder if needed)."""
     import optuna
+
     path = local_file(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
+
         return JournalStorage(JournalFileBackend(str(path)))
-    engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    engine_kwargs = (
+        {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
@@ -77,6 +86,7 @@ def storage_lock(url: str):
     if path is None:
         return contextlib.nullcontext()
     from filelock import FileLock
+
     return FileLock(str(path) + ".sweep-lock")  # not ".lock": Optuna's journal backend locks that name
 
 

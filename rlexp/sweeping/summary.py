@@ -8,6 +8,7 @@
   ``intermediate_values.png`` (when jobs reported per-step values);
 - ``summary.md`` — the same in a table, with the optuna-dashboard command.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,6 +58,7 @@ def pareto_front(study: optuna.Study) -> list:
 def plots(study: optuna.Study, out: Path, names: list[str]) -> list[str]:
     """PNG figures of the study; returns the file names written."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as ovm
@@ -77,16 +79,18 @@ def plots(study: optuna.Study, out: Path, names: list[str]) -> list[str]:
     def attempt(what: str, make, fname: str) -> None:
         try:
             save(make(), fname)
-        except Exception as e:   # optuna refuses plots it has no data for
+        except Exception as e:  # optuna refuses plots it has no data for
             log.info("no %s plot: %s", what, e)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
         for i, name in enumerate(names):
             target = (lambda t, i=i: t.values[i]) if multi else None
-            attempt(f"optimisation-history ({name})",
-                    lambda: ovm.plot_optimization_history(study, target=target, target_name=name),
-                    f"optimization_history_{_safe(name)}.png" if multi else "optimization_history.png")
+            attempt(
+                f"optimisation-history ({name})",
+                lambda: ovm.plot_optimization_history(study, target=target, target_name=name),
+                f"optimization_history_{_safe(name)}.png" if multi else "optimization_history.png",
+            )
         if multi and len(names) in (2, 3) and complete:
             attempt("Pareto-front", lambda: ovm.plot_pareto_front(study, target_names=names), "pareto_front.png")
         if any(t.intermediate_values for t in study.get_trials(deepcopy=False)) and not multi:
@@ -94,14 +98,17 @@ def plots(study: optuna.Study, out: Path, names: list[str]) -> list[str]:
         if len(complete) >= 2:
             for i, name in enumerate(names):
                 target = (lambda t, i=i: t.values[i]) if multi else None
-                attempt(f"importance ({name})",
-                        lambda: ovm.plot_param_importances(study, target=target, target_name=name),
-                        f"param_importances_{_safe(name)}.png" if multi else "param_importances.png")
+                attempt(
+                    f"importance ({name})",
+                    lambda: ovm.plot_param_importances(study, target=target, target_name=name),
+                    f"param_importances_{_safe(name)}.png" if multi else "param_importances.png",
+                )
     return written
 
 
-def write_summary(study: optuna.Study, sweep_dir: str, objectives: list[str], storage_url: str,
-                  make_plots: bool = True) -> dict:
+def write_summary(
+    study: optuna.Study, sweep_dir: str, objectives: list[str], storage_url: str, make_plots: bool = True
+) -> dict:
     """Write the summary files (module docstring) and return the results dict."""
     out = Path(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,19 +116,40 @@ def write_summary(study: optuna.Study, sweep_dir: str, objectives: list[str], st
     names = objectives or [f"value_{i}" if len(study.directions) > 1 else "value" for i in range(len(study.directions))]
     directions = [d.name.lower() for d in study.directions]
     counts = dict(Counter(t.state.name for t in trials))
-    results: dict = {"name": "optuna", "study_name": study.study_name, "storage": redact(storage_url),
-                     "objectives": names, "directions": directions, "trials": counts}
+    results: dict = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "storage": redact(storage_url),
+        "objectives": names,
+        "directions": directions,
+        "trials": counts,
+    }
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if len(directions) == 1:
         if complete:
             best = study.best_trial
-            results.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number,
-                           best_job_dir=best.user_attrs.get("job_dir"))
+            results.update(
+                best_params=dict(best.params),
+                best_value=best.value,
+                best_trial=best.number,
+                best_job_dir=best.user_attrs.get("job_dir"),
+            )
         else:
             results.update(best_params=None, best_value=None, best_trial=None)
     else:
-        results["solutions"] = [{"number": t.number, "params": dict(t.params), "values": list(t.values),
-                                 "job_dir": t.user_attrs.get("job_dir")} for t in pareto_front(study)] if complete else []
+        results["solutions"] = (
+            [
+                {
+                    "number": t.number,
+                    "params": dict(t.params),
+                    "values": list(t.values),
+                    "job_dir": t.user_attrs.get("job_dir"),
+                }
+                for t in pareto_front(study)
+            ]
+            if complete
+            else []
+        )
     results["importances"] = dict(zip(names, importances(study, len(names)))) if len(complete) >= 2 else {}
     OmegaConf.save(OmegaConf.create(results), out / "optimization_results.yaml")
     try:
@@ -136,23 +164,40 @@ def write_summary(study: optuna.Study, sweep_dir: str, objectives: list[str], st
 
 def markdown(results: dict, trials: list, figures: list[str], storage_url: str) -> str:
     names = results["objectives"]
-    lines = [f"# Sweep `{results['study_name']}`", "",
-             f"Objectives: {', '.join(f'{n} ({d})' for n, d in zip(names, results['directions']))}  ",
-             f"Trials: {', '.join(f'{k} {v}' for k, v in sorted(results['trials'].items()))}  ",
-             f"Storage: `{results['storage']}` — browse with `optuna-dashboard {redact(storage_url)}`", ""]
+    lines = [
+        f"# Sweep `{results['study_name']}`",
+        "",
+        f"Objectives: {', '.join(f'{n} ({d})' for n, d in zip(names, results['directions']))}  ",
+        f"Trials: {', '.join(f'{k} {v}' for k, v in sorted(results['trials'].items()))}  ",
+        f"Storage: `{results['storage']}` — browse with `optuna-dashboard {redact(storage_url)}`",
+        "",
+    ]
     if "solutions" in results:
-        lines += ["## Pareto front", ""] + [f"- trial {s['number']}: {dict(zip(names, s['values']))} {s['params']}"
-                                             for s in results["solutions"]] + [""]
+        lines += (
+            ["## Pareto front", ""]
+            + [f"- trial {s['number']}: {dict(zip(names, s['values']))} {s['params']}" for s in results["solutions"]]
+            + [""]
+        )
     elif results.get("best_trial") is not None:
-        lines += ["## Best trial", "", f"trial {results['best_trial']}: {names[0]} = {results['best_value']:.6g}  ",
-                  f"params: `{results['best_params']}`  ", f"job: `{results.get('best_job_dir')}`", ""]
+        lines += [
+            "## Best trial",
+            "",
+            f"trial {results['best_trial']}: {names[0]} = {results['best_value']:.6g}  ",
+            f"params: `{results['best_params']}`  ",
+            f"job: `{results.get('best_job_dir')}`",
+            "",
+        ]
     if results.get("importances"):
         lines += ["## Parameter importances (fANOVA)", ""]
         for name, imp in results["importances"].items():
             lines.append(f"- {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in imp.items()))
         lines.append("")
-    lines += ["## Trials", "", "| # | state | " + " | ".join(names) + " | params | error |",
-              "|---|---|" + "---|" * len(names) + "---|---|"]
+    lines += [
+        "## Trials",
+        "",
+        "| # | state | " + " | ".join(names) + " | params | error |",
+        "|---|---|" + "---|" * len(names) + "---|---|",
+    ]
     for t in sorted(trials, key=lambda t: t.number):
         vals = list(t.values) if t.values else [None] * len(names)
         cells = [f"{v:.6g}" if isinstance(v, float) else "" for v in vals]
@@ -169,7 +214,11 @@ def _log(results: dict) -> None:
         for s in results["solutions"]:
             log.info("    trial %d: values %s params %s", s["number"], s["values"], s["params"])
     else:
-        log.info("Best trial %s: value %s params %s", results.get("best_trial"), results.get("best_value"),
-                 results.get("best_params"))
+        log.info(
+            "Best trial %s: value %s params %s",
+            results.get("best_trial"),
+            results.get("best_value"),
+            results.get("best_params"),
+        )
     for name, imp in (results.get("importances") or {}).items():
         log.info("Importances (%s): %s", name, imp)

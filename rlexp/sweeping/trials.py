@@ -10,6 +10,7 @@
 Attribute names (visible in optuna-dashboard): user attrs ``job_dir``, ``error``, ``traceback``,
 ``pruned_at_step``, ``retry_of``; system attrs ``rlexp:heartbeat``, ``rlexp:interrupted``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT = "rlexp:heartbeat"
 INTERRUPTED = "rlexp:interrupted"
-
 
 
 def is_interrupted(trial: FrozenTrial) -> bool:

@@ -3,6 +3,7 @@
 A tracker is started with ``resume_id`` (the id it returned on a previous start of the same run
 directory) so a resumed run continues the same dashboard run.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ class NoTracker(Tracker):
 
 class JSONLTracker(Tracker):
     """Appends one JSON object per logged step: {"step": s, "time": t, <metric>: value, ...}."""
+
     name = "jsonl"
 
     def __init__(self, path: str | Path):
@@ -110,6 +112,7 @@ class MultiTracker(Tracker):
     def finish(self, status="FINISHED"):
         """Tag the end time, then finish every tracker."""
         from rlexp.tracking.provenance import now_iso
+
         self.set_tags({"end_time": now_iso()})
         for t in self.trackers:
             t.finish(status)

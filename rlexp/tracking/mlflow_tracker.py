@@ -17,6 +17,7 @@ are set to ``request_timeout``/``max_retries``/1 here instead of MLflow's 120 s 
 2 (a value the user set in the environment wins). A very long outage keeps at most ``max_buffer``
 operations in memory (older metric batches leave the buffer; ``rlexp replay`` recovers them).
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,8 +36,16 @@ MAX_KEY_LEN = 250
 METRICS_PER_BATCH = 500
 
 # MLflow error codes that no retry can fix (the op is dropped; metrics.jsonl still holds it)
-PERMANENT_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST",
-                    "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED", "MALFORMED_REQUEST"}
+PERMANENT_ERRORS = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_DOES_NOT_EXIST",
+    "RESOURCE_ALREADY_EXISTS",
+    "BAD_REQUEST",
+    "INVALID_STATE",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "MALFORMED_REQUEST",
+}
 
 
 _SET_BY_US: dict[str, str] = {}
@@ -45,10 +54,12 @@ _SET_BY_US: dict[str, str] = {}
 def bound_http_waits(request_timeout: int = 5, max_retries: int = 1, backoff_factor: int = 1) -> None:
     """Set MLflow's HTTP timeout/retry variables to short values, unless the user set them (a value
     this function set earlier is the user's no more than ours: it is updated)."""
-    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(request_timeout)),
-              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(max_retries)),
-              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(int(backoff_factor)),
-              "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(request_timeout)),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(max_retries)),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(int(backoff_factor)),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+    }
     for k, v in wanted.items():
         if k not in os.environ or os.environ[k] == _SET_BY_US.get(k):
             os.environ[k] = _SET_BY_US[k] = v
@@ -83,12 +94,13 @@ def experiment_id(client, name: str, artifact_location: str | None = None) -> st
 def param_entities(params: dict) -> list:
     """``Param`` entities with MLflow's key/value length limits applied."""
     from mlflow.entities import Param
+
     return [Param(k[:MAX_KEY_LEN], str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
 
 
 def log_params(client, run_id: str, params: list) -> None:
     for i in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[i:i + 100])
+        client.log_batch(run_id, params=params[i : i + 100])
 
 
 def create_run(client, exp_id: str, run_name: str, params: dict, tags: dict) -> str:
@@ -107,6 +119,7 @@ def missing_metrics(client, run_id: str, rows: list[dict]):
     """``Metric`` entities for the (key, step) values of ``rows`` (metrics.jsonl rows) that the run
     does not hold yet; the timestamps are the rows' own."""
     from mlflow.entities import Metric
+
     keys = sorted({k for r in rows for k in r if k not in ("step", "time")})
     have = logged_steps(client, run_id, keys)
     out = []
@@ -122,18 +135,28 @@ def missing_metrics(client, run_id: str, rows: list[dict]):
 
 def log_metric_entities(client, run_id: str, metrics: list) -> None:
     for i in range(0, len(metrics), METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=metrics[i:i + METRICS_PER_BATCH])
+        client.log_batch(run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
 
 
 class MLflowTracker(Tracker):
     """See the module docstring. ``retry_interval`` is the first wait between retries while the server
     is away (doubling up to ``max_retry_interval``)."""
+
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, experiment: str = "rlexp", artifact_location: str | None = None,
-                 request_timeout: int = 5, max_retries: int = 1, start_timeout: float = 60.0,
-                 flush_timeout: float = 30.0, retry_interval: float = 1.0, max_retry_interval: float = 15.0,
-                 max_buffer: int = 20000):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str = "rlexp",
+        artifact_location: str | None = None,
+        request_timeout: int = 5,
+        max_retries: int = 1,
+        start_timeout: float = 60.0,
+        flush_timeout: float = 30.0,
+        retry_interval: float = 1.0,
+        max_retry_interval: float = 15.0,
+        max_buffer: int = 20000,
+    ):
         self.tracking_uri, self.experiment, self.artifact_location = tracking_uri, experiment, artifact_location
         self.request_timeout, self.max_retries = request_timeout, max_retries
         self.start_timeout, self.flush_timeout = start_timeout, flush_timeout
@@ -158,6 +181,7 @@ class MLflowTracker(Tracker):
         if self.tracking_uri.startswith(("http://", "https://")):
             bound_http_waits(self.request_timeout, self.max_retries)
         from mlflow import MlflowClient
+
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.run_dir = tags.get("run_dir")
         if resume_id:  # the run exists: nothing to wait for, marking it RUNNING again is queued like the rest
@@ -169,8 +193,9 @@ class MLflowTracker(Tracker):
         while True:
             try:  # one request creates the run (with its tags); the params follow through the queue
                 exp_id = experiment_id(self.client, self.experiment, self.artifact_location)
-                self.run_id = self.client.create_run(exp_id, run_name=run_name,
-                                                     tags={k: str(v) for k, v in tags.items()}).info.run_id
+                self.run_id = self.client.create_run(
+                    exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
+                ).info.run_id
                 break
             except Exception as e:
                 if is_permanent(e) or time.monotonic() + wait > deadline:
@@ -180,9 +205,13 @@ class MLflowTracker(Tracker):
                 time.sleep(wait)
                 wait = min(wait * 2, self.max_retry_interval)
         if self.run_id is None:
-            log.error("MLflow at %s: could not create the run (%s); training goes on without it, every metric is "
-                      "in metrics.jsonl: upload later with `rlexp replay %s`", self.tracking_uri, last_error,
-                      self.run_dir or "<run_dir>")
+            log.error(
+                "MLflow at %s: could not create the run (%s); training goes on without it, every metric is "
+                "in metrics.jsonl: upload later with `rlexp replay %s`",
+                self.tracking_uri,
+                last_error,
+                self.run_dir or "<run_dir>",
+            )
             return None
         self._submit("params", param_entities(params))
         self._start_worker()
@@ -203,13 +232,18 @@ class MLflowTracker(Tracker):
                 if idx is not None:
                     del self._queue[idx]
                     if not self._overflowed:
-                        log.warning("MLflow buffer full (%d operations): dropping the oldest buffered metrics; "
-                                    "they are in metrics.jsonl (`rlexp replay %s`)", self.max_buffer, self.run_dir)
+                        log.warning(
+                            "MLflow buffer full (%d operations): dropping the oldest buffered metrics; "
+                            "they are in metrics.jsonl (`rlexp replay %s`)",
+                            self.max_buffer,
+                            self.run_dir,
+                        )
                     self._overflowed = True
             self._cv.notify_all()
 
     def log_metrics(self, metrics, step):
         from mlflow.entities import Metric
+
         ts = int(time.time() * 1000)
         items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items() if v is not None and v == v]
         self._submit("metrics", items, step)
@@ -236,6 +270,7 @@ class MLflowTracker(Tracker):
             c.log_artifact(self.run_id, args[0], args[1])
         elif kind == "tags":
             from mlflow.entities import RunTag
+
             c.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in args[0].items()])
         elif kind == "backfill":
             missing = missing_metrics(c, self.run_id, args[0])
@@ -281,8 +316,12 @@ class MLflowTracker(Tracker):
                 self._cv.notify_all()
             self.sent_batches += 1
             if self.outage_since is not None:
-                log.warning("MLflow at %s reachable again after %.0f s; flushing %d buffered operations",
-                            self.tracking_uri, time.monotonic() - self.outage_since, self.pending())
+                log.warning(
+                    "MLflow at %s reachable again after %.0f s; flushing %d buffered operations",
+                    self.tracking_uri,
+                    time.monotonic() - self.outage_since,
+                    self.pending(),
+                )
                 self.outage_since, wait = None, self.retry_interval
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -290,7 +329,9 @@ class MLflowTracker(Tracker):
         if self._thread is None:
             return True
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue, timeout=self.flush_timeout if timeout is None else timeout)
+            return self._cv.wait_for(
+                lambda: not self._queue, timeout=self.flush_timeout if timeout is None else timeout
+            )
 
     def finish(self, status="FINISHED"):
         if self.run_id is None:
@@ -303,9 +344,15 @@ class MLflowTracker(Tracker):
         if not drained:
             steps = [a[1] for k, a in list(self._queue) if k == "metrics"]
             span = f" (steps {min(steps)}..{max(steps)})" if steps else ""
-            log.error("MLflow at %s still unreachable after %.0f s: %d operations%s not sent. Every metric is in "
-                      "metrics.jsonl; upload the rest with `rlexp replay %s`", self.tracking_uri, self.flush_timeout,
-                      self.pending(), span, self.run_dir or "<run_dir>")
+            log.error(
+                "MLflow at %s still unreachable after %.0f s: %d operations%s not sent. Every metric is in "
+                "metrics.jsonl; upload the rest with `rlexp replay %s`",
+                self.tracking_uri,
+                self.flush_timeout,
+                self.pending(),
+                span,
+                self.run_dir or "<run_dir>",
+            )
         with self._cv:
             self._abandon = True
             self._cv.notify_all()

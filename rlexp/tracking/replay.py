@@ -8,6 +8,7 @@ nothing the second time. A run that never reached MLflow (server down at start, 
 server given by ``--tracking-uri``) is created with the run's params, tags and config artifacts,
 and its id is written to ``tracker_ids.json`` so a resumed run continues it.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,16 @@ def _mlflow_settings(cfg, tracking_uri: str | None, experiment: str | None) -> t
     backend = ((cfg.get("tracker") or {}).get("backends") or {}).get("mlflow") or {}
     uri = tracking_uri or backend.get("tracking_uri")
     if not uri:
-        raise SystemExit("rlexp replay: the run's config has no tracker.backends.mlflow.tracking_uri; "
-                         "pass --tracking-uri")
+        raise SystemExit(
+            "rlexp replay: the run's config has no tracker.backends.mlflow.tracking_uri; pass --tracking-uri"
+        )
     exp = experiment or backend.get("experiment") or cfg.get("experiment_name") or "rlexp"
     return uri, exp, backend.get("artifact_location")
 
 
-def replay(run_dir: str | Path, tracking_uri: str | None = None, experiment: str | None = None,
-           dry_run: bool = False) -> dict:
+def replay(
+    run_dir: str | Path, tracking_uri: str | None = None, experiment: str | None = None, dry_run: bool = False
+) -> dict:
     """Upload the missing metrics of ``run_dir``; return a summary dict (run_id, uploaded, present,
     steps, created)."""
     from mlflow import MlflowClient
@@ -41,6 +44,7 @@ def replay(run_dir: str | Path, tracking_uri: str | None = None, experiment: str
         missing_metrics,
     )
     from rlexp.tracking.provenance import run_tags
+
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         raise SystemExit(f"rlexp replay: {run_dir}/metrics.jsonl not found (is {run_dir} a run directory?)")
@@ -67,9 +71,16 @@ def replay(run_dir: str | Path, tracking_uri: str | None = None, experiment: str
     if run_id is None:
         if dry_run:
             steps = sorted({int(r["step"]) for r in rows})
-            return {"run_id": None, "uploaded": sum(len(r) - 2 for r in rows), "present": 0, "steps": steps,
-                    "created": True, "tracking_uri": uri}
+            return {
+                "run_id": None,
+                "uploaded": sum(len(r) - 2 for r in rows),
+                "present": 0,
+                "steps": steps,
+                "created": True,
+                "tracking_uri": uri,
+            }
         from rlexp.tracking.params import flatten
+
         container = OmegaConf.to_container(cfg, resolve=True)
         tags = run_tags(cfg, prov, run_dir) if prov else {"run_dir": str(run_dir.resolve())}
         tags["replayed"] = "true"
@@ -90,5 +101,11 @@ def replay(run_dir: str | Path, tracking_uri: str | None = None, experiment: str
             if prov.get("end_time"):
                 client.set_tag(run_id, "end_time", prov["end_time"])
             client.set_terminated(run_id, status=status)
-    return {"run_id": run_id, "uploaded": len(missing), "present": total - len(missing),
-            "steps": sorted({m.step for m in missing}), "created": created, "tracking_uri": uri}
+    return {
+        "run_id": run_id,
+        "uploaded": len(missing),
+        "present": total - len(missing),
+        "steps": sorted({m.step for m in missing}),
+        "created": created,
+        "tracking_uri": uri,
+    }

@@ -5,6 +5,7 @@ synced later with ``wandb sync``; ``read_offline_run`` reads one back (config an
 W&B tags are short (64 characters at most), so only the identity tags (algorithm, dataset, model,
 benchmark, seed, sweep, trial) become W&B tags; every tag, provenance included, is in the run's
 config under ``rlexp_tags``."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,20 @@ class WandbTracker(Tracker):
 
     def start(self, run_name, config, params, tags, resume_id=None):
         import wandb
+
         os.makedirs(self.dir, exist_ok=True)
-        self.run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=self.dir, name=run_name,
-                              config={**config, "rlexp_tags": dict(tags)}, tags=_short_tags(tags), id=resume_id,
-                              resume="allow" if resume_id else None, settings=wandb.Settings(silent=True))
+        self.run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            mode=self.mode,
+            dir=self.dir,
+            name=run_name,
+            config={**config, "rlexp_tags": dict(tags)},
+            tags=_short_tags(tags),
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            settings=wandb.Settings(silent=True),
+        )
         return self.run.id
 
     def log_metrics(self, metrics, step):
@@ -46,8 +57,9 @@ class WandbTracker(Tracker):
         self.run.save(str(path), base_path=os.path.dirname(str(path)), policy="now")
 
     def set_tags(self, tags):
-        self.run.config.update({"rlexp_tags": {**dict(self.run.config.get("rlexp_tags") or {}), **tags}},
-                               allow_val_change=True)
+        self.run.config.update(
+            {"rlexp_tags": {**dict(self.run.config.get("rlexp_tags") or {}), **tags}}, allow_val_change=True
+        )
 
     def finish(self, status="FINISHED"):
         if self.run is not None:
@@ -66,6 +78,7 @@ _BLOCK = 32768
 def iter_records(path: str | Path):
     """Yield the protobuf ``Record`` objects of a ``.wandb`` file."""
     from wandb.proto import wandb_internal_pb2 as pb
+
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a W&B run file (header {data[:4]!r})")
@@ -75,8 +88,8 @@ def iter_records(path: str | Path):
         if left_in_block < _HEADER:  # block trailer padding
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
-        chunk = data[pos + _HEADER: pos + _HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        chunk = data[pos + _HEADER : pos + _HEADER + length]
         pos += _HEADER + length
         if kind == 0 and length == 0:
             continue
@@ -123,5 +136,11 @@ def read_offline_run(run_dir: str | Path) -> dict:
             for item in rec.summary.update:
                 summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     config.pop("_wandb", None)
-    return {"id": run_id, "config": config, "history": [history[s] for s in sorted(history)], "summary": summary,
-            "tags": tags, "file": str(files[-1])}
+    return {
+        "id": run_id,
+        "config": config,
+        "history": [history[s] for s in sorted(history)],
+        "summary": summary,
+        "tags": tags,
+        "file": str(files[-1]),
+    }

@@ -1,6 +1,7 @@
 """Checkpoints: model, optimiser, scheduler, step, RNG states, data position, reference (EMA) and
 tracker run ids — everything a killed run needs to continue. Written to a temporary directory and
 renamed into place, so a kill during a save leaves the previous checkpoint intact."""
+
 from __future__ import annotations
 
 import json
@@ -29,19 +30,38 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, *, step: int, model, optimizer, scheduler, sampler, reference, tracker_ids,
-                    extra: dict | None = None, critic=None) -> Path:
+def save_checkpoint(
+    root: Path,
+    *,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    sampler,
+    reference,
+    tracker_ids,
+    extra: dict | None = None,
+    critic=None,
+) -> Path:
     root = Path(root)
     tmp = root / f".tmp-{step}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "model")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None,
-                "rng": rng_state(), "reference": reference.state_dict() if reference else None,
-                "critic": critic.state_dict() if critic is not None else None}, tmp / "state.pt")
-    (tmp / "trainer.json").write_text(json.dumps({"step": step, "sampler": sampler.state_dict(),
-                                                  "tracker_ids": tracker_ids, **(extra or {})}))
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler else None,
+            "rng": rng_state(),
+            "reference": reference.state_dict() if reference else None,
+            "critic": critic.state_dict() if critic is not None else None,
+        },
+        tmp / "state.pt",
+    )
+    (tmp / "trainer.json").write_text(
+        json.dumps({"step": step, "sampler": sampler.state_dict(), "tracker_ids": tracker_ids, **(extra or {})})
+    )
     final = root / LAST
     old = root / ".old"
     if final.exists():
@@ -65,6 +85,7 @@ def find_checkpoint(root: Path) -> Path | None:
 
 def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None) -> dict:
     from safetensors.torch import load_file
+
     path = Path(path)
     files = sorted((path / "model").glob("*.safetensors"))
     state = {}

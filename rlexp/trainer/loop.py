@@ -1,13 +1,15 @@
 """The training loop: one step = sample prompts → roll out G completions each → score → group
 stages → (reference log-probs) → advantages → μ optimiser steps → metrics → trackers."""
+
 from __future__ import annotations
 
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.profiler import record_function
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 class StageContext:
     """What a group stage may use: the policy, the reference, the tokenizer, the step, and
     ``sample(n_prompts)`` which rolls out and scores ``n_prompts`` fresh prompts (DAPO refill)."""
+
     policy: Any
     reference: Any
     tokenizer: Any
@@ -40,9 +43,9 @@ class StageContext:
     sample: Callable[[int], RolloutBatch]
     settings: Any = None
     answer_format: str = "hash"
-    rollout: Any = None                # the rollout engine (ReMax's greedy baseline generates with it)
-    reward_terms: dict | None = None   # the reward terms (to score extra rollouts)
-    autocast_dtype: Any = None         # the matmul dtype the trainer generates under
+    rollout: Any = None  # the rollout engine (ReMax's greedy baseline generates with it)
+    reward_terms: dict | None = None  # the reward terms (to score extra rollouts)
+    autocast_dtype: Any = None  # the matmul dtype the trainer generates under
 
 
 @dataclass
@@ -79,11 +82,32 @@ def resolve_autocast(mode: str, param: torch.Tensor) -> torch.dtype | None:
 
 
 class Trainer:
-    def __init__(self, *, settings, model, tokenizer, algorithm: Algorithm, reward_terms: dict, rollout,
-                 data: DatasetSplits, prompt_format: PromptFormat, optimizer, scheduler, tracker: Tracker,
-                 jsonl: JSONLTracker, run_dir: Path, run_name: str, config: dict, params: dict, tags: dict,
-                 accuracy_term: str | None = "accuracy", evaluator: Callable | None = None, callbacks: list | None = None,
-                 consistency=None, sampler=None):
+    def __init__(
+        self,
+        *,
+        settings,
+        model,
+        tokenizer,
+        algorithm: Algorithm,
+        reward_terms: dict,
+        rollout,
+        data: DatasetSplits,
+        prompt_format: PromptFormat,
+        optimizer,
+        scheduler,
+        tracker: Tracker,
+        jsonl: JSONLTracker,
+        run_dir: Path,
+        run_name: str,
+        config: dict,
+        params: dict,
+        tags: dict,
+        accuracy_term: str | None = "accuracy",
+        evaluator: Callable | None = None,
+        callbacks: list | None = None,
+        consistency=None,
+        sampler=None,
+    ):
         self.s = settings
         self.model, self.tok, self.algo = model, tokenizer, algorithm
         self.reward_terms, self.rollout, self.data, self.prompt_format = reward_terms, rollout, data, prompt_format
@@ -94,7 +118,9 @@ class Trainer:
         self.accuracy_term, self.evaluator = accuracy_term, evaluator
         self.callbacks = list(callbacks or [])
         # the prompt sampler (conf/sampler), built by the app; the default is the seeded shuffle
-        self.sampler = sampler if sampler is not None else PromptSampler(data.train, settings.prompts_per_step, settings.seed)
+        self.sampler = (
+            sampler if sampler is not None else PromptSampler(data.train, settings.prompts_per_step, settings.seed)
+        )
         self.reference = None
         if algorithm.needs_reference:
             r = algorithm.reference
@@ -105,34 +131,55 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         device_type = next(model.parameters()).device.type
-        self.share_prompts = (settings.share_prompt_forward if settings.share_prompt_forward is not None
-                              else device_type != "cuda" and not settings.compile)
+        self.share_prompts = (
+            settings.share_prompt_forward
+            if settings.share_prompt_forward is not None
+            else device_type != "cuda" and not settings.compile
+        )
         if settings.cpu_matmul_attention and device_type == "cpu":
-            use_cpu_matmul_grad_attention(model)   # generation keeps SDPA (rlexp/models/attention.py)
+            use_cpu_matmul_grad_attention(model)  # generation keeps SDPA (rlexp/models/attention.py)
         # the training forwards (policy update, recomputed old log-probs) go through this; generation,
         # evaluation and checkpoints use the model itself (the compiled wrapper shares its parameters)
         # dynamic=True: micro-batch shapes change every step, so compile for symbolic shapes at once
         # rather than for the first shape and again at the first change (SmolLM2 on this CPU: 183 + 13 s
         # of compiles against 83 + 125 s; the same 4.7-5.5 s train phase afterwards)
-        self.train_model = torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode,
-                                         dynamic=True) if settings.compile else model
+        self.train_model = (
+            torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode, dynamic=True)
+            if settings.compile
+            else model
+        )
         self._next_group = 0
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
         G = self.s.num_generations
         prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
-        with torch.autocast(self.model.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None), record_function("rlexp.generate"):
+        with (
+            torch.autocast(
+                self.model.device.type,
+                dtype=self.autocast_dtype or torch.bfloat16,
+                enabled=self.autocast_dtype is not None,
+            ),
+            record_function("rlexp.generate"),
+        ):
             out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
         n = len(records)
-        groups = torch.arange(self._next_group, self._next_group + n, device=out.completion_ids.device).repeat_interleave(G)
+        groups = torch.arange(
+            self._next_group, self._next_group + n, device=out.completion_ids.device
+        ).repeat_interleave(G)
         self._next_group += n
         batch = RolloutBatch(
-            prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
-            completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated.to(groups.device),
-            group_ids=groups, prompts=[p for p in prompts for _ in range(G)], completions=out.texts,
-            records=[r for r in records for _ in range(G)])
+            prompt_ids=out.prompt_ids,
+            prompt_mask=out.prompt_mask,
+            completion_ids=out.completion_ids,
+            completion_mask=out.completion_mask,
+            sampling_logprobs=out.logprobs,
+            truncated=out.truncated.to(groups.device),
+            group_ids=groups,
+            prompts=[p for p in prompts for _ in range(G)],
+            completions=out.texts,
+            records=[r for r in records for _ in range(G)],
+        )
         t = time.perf_counter()
         with record_function("rlexp.score"):
             score(batch, self.reward_terms)
@@ -155,8 +202,18 @@ class Trainer:
         timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
         timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
         t1 = time.perf_counter()
-        ctx = StageContext(self.model, self.reference, self.tok, step, self.sample, self.s, self.prompt_format.answer_format,
-                           self.rollout, self.reward_terms, self.autocast_dtype)
+        ctx = StageContext(
+            self.model,
+            self.reference,
+            self.tok,
+            step,
+            self.sample,
+            self.s,
+            self.prompt_format.answer_format,
+            self.rollout,
+            self.reward_terms,
+            self.autocast_dtype,
+        )
         for stage in self.algo.group_stages:
             batch = stage(batch, ctx)
         timings["time/group_stage_s"] = time.perf_counter() - t1
@@ -167,28 +224,53 @@ class Trainer:
             raise RuntimeError(f"step {step}: the group stages left no completions to train on")
         if self.consistency is not None:  # measured on the completions of the policy that wrote them
             tc = time.perf_counter()
-            batch.stats.update(self.consistency.batch_metrics(self.model, self.tok, batch, self.prompt_format.answer_format))
+            batch.stats.update(
+                self.consistency.batch_metrics(self.model, self.tok, batch, self.prompt_format.answer_format)
+            )
             timings["time/consistency_s"] = time.perf_counter() - tc
         t2 = time.perf_counter()
         kl_metrics = {}
         if self.algo.kl.coef > 0:
-            batch.ref_logprobs = batch_logprobs(self.reference.model, batch, self.s.micro_batch_size,
-                                                self.rollout.temperature, self.autocast_dtype,
-                                                self.share_prompts, self.s.micro_batch_tokens)
+            batch.ref_logprobs = batch_logprobs(
+                self.reference.model,
+                batch,
+                self.s.micro_batch_size,
+                self.rollout.temperature,
+                self.autocast_dtype,
+                self.share_prompts,
+                self.s.micro_batch_tokens,
+            )
             if self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
                 kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
-            batch.old_logprobs = batch_logprobs(self.train_model, batch, self.s.micro_batch_size, self.rollout.temperature,
-                                                self.autocast_dtype, self.share_prompts, self.s.micro_batch_tokens)
-        with record_function("rlexp.train"):   # phase markers for `rlexp bench bench.profile=true`
+            batch.old_logprobs = batch_logprobs(
+                self.train_model,
+                batch,
+                self.s.micro_batch_size,
+                self.rollout.temperature,
+                self.autocast_dtype,
+                self.share_prompts,
+                self.s.micro_batch_tokens,
+            )
+        with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.advantage(batch)
-            train = policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.algo, mu=self.s.num_iterations,
-                                  micro_batch=self.s.micro_batch_size, temperature=self.rollout.temperature,
-                                  max_grad_norm=self.s.max_grad_norm, autocast_dtype=self.autocast_dtype,
-                                  share_prompts=self.share_prompts, micro_batch_tokens=self.s.micro_batch_tokens)
+            train = policy_update(
+                self.train_model,
+                self.optimizer,
+                self.scheduler,
+                batch,
+                self.algo,
+                mu=self.s.num_iterations,
+                micro_batch=self.s.micro_batch_size,
+                temperature=self.rollout.temperature,
+                max_grad_norm=self.s.max_grad_norm,
+                autocast_dtype=self.autocast_dtype,
+                share_prompts=self.share_prompts,
+                micro_batch_tokens=self.s.micro_batch_tokens,
+            )
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2
@@ -204,13 +286,21 @@ class Trainer:
         start_step, tracker_ids = 0, None
         found = ckpt.find_checkpoint(self.ckpt_dir) if self.s.resume else None
         if found is not None:
-            meta = ckpt.load_checkpoint(found, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                        sampler=self.sampler, reference=self.reference, critic=self.algo.critic)
+            meta = ckpt.load_checkpoint(
+                found,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                sampler=self.sampler,
+                reference=self.reference,
+                critic=self.algo.critic,
+            )
             start_step, tracker_ids = meta["step"], meta.get("tracker_ids")
             log.info("Resuming from %s at step %d", found, start_step)
         elif self.s.resume and self.jsonl.path.exists() and self.jsonl.last_step() > 0:
-            raise RuntimeError(f"{self.run_dir} already holds logged steps but no checkpoint to resume from; "
-                               "use a new run directory")
+            raise RuntimeError(
+                f"{self.run_dir} already holds logged steps but no checkpoint to resume from; use a new run directory"
+            )
         # an id missing from the checkpoint (tracker unreachable then) may since have been filled in
         # tracker_ids.json by `rlexp replay`
         saved = self._saved_tracker_ids()
@@ -225,6 +315,7 @@ class Trainer:
         last_logged = self.jsonl.last_step()
         if found is not None and last_logged > 0:  # steps logged to the JSONL but not to a tracker before a kill
             from rlexp.tracking.base import read_jsonl
+
             self.tracker.backfill(read_jsonl(self.jsonl.path))
         result = TrainResult(start_step)
         status = "FAILED"
@@ -240,6 +331,7 @@ class Trainer:
 
     def _loop(self, start_step: int, last_logged: int, ids) -> TrainResult:
         from rlexp.trainer.progress import TrainProgress
+
         s = self.s
         result = TrainResult(start_step)
         with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress) as bar:
@@ -261,9 +353,17 @@ class Trainer:
                 for cb in self.callbacks:
                     stop |= bool(cb.on_step_end(step, metrics, eval_metrics))
                 if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop:
-                    ckpt.save_checkpoint(self.ckpt_dir, step=step, model=self.model, optimizer=self.optimizer,
-                                         scheduler=self.scheduler, sampler=self.sampler, reference=self.reference,
-                                         tracker_ids=ids, critic=self.algo.critic)
+                    ckpt.save_checkpoint(
+                        self.ckpt_dir,
+                        step=step,
+                        model=self.model,
+                        optimizer=self.optimizer,
+                        scheduler=self.scheduler,
+                        sampler=self.sampler,
+                        reference=self.reference,
+                        tracker_ids=ids,
+                        critic=self.algo.critic,
+                    )
                 if stop:
                     result.stopped_early = True
                     break
@@ -272,11 +372,13 @@ class Trainer:
     # ---- tracker bookkeeping ------------------------------------------------------------------
     def _saved_tracker_ids(self):
         import json
+
         p = self.run_dir / "tracker_ids.json"
         return json.loads(p.read_text()) if p.exists() else None
 
     def _save_tracker_ids(self, ids) -> None:
         import json
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "tracker_ids.json").write_text(json.dumps(ids))
 

@@ -1,4 +1,5 @@
 """Per-step batch metrics (names documented in README "Metrics")."""
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,11 @@ def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, f
         m["advantage/mean"], m["advantage/std"] = float(a.mean()), float(a.std()) if len(a) > 1 else 0.0
         m["advantage/abs_mean"] = float(a.abs().mean())
     lengths = batch.lengths.float()
-    m["length/mean"], m["length/max"], m["length/min"] = float(lengths.mean()), float(lengths.max()), float(lengths.min())
+    m["length/mean"], m["length/max"], m["length/min"] = (
+        float(lengths.mean()),
+        float(lengths.max()),
+        float(lengths.min()),
+    )
     m["length/truncated_frac"] = float(batch.truncated.float().mean())
     m["batch/completions"] = float(len(batch))
     m.update({k: float(v) for k, v in batch.stats.items()})

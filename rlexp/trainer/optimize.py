@@ -28,24 +28,49 @@ def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: RolloutBatch, micro_batch: int, temperature: float,
-                   autocast_dtype: torch.dtype | None = None, share_prompts: bool = True,
-                   micro_batch_tokens: int | None = None) -> torch.Tensor:
+def batch_logprobs(
+    model,
+    batch: RolloutBatch,
+    micro_batch: int,
+    temperature: float,
+    autocast_dtype: torch.dtype | None = None,
+    share_prompts: bool = True,
+    micro_batch_tokens: int | None = None,
+) -> torch.Tensor:
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
     out = torch.zeros_like(batch.sampling_logprobs)
     for mb in plan_micro_batches(batch, micro_batch, share_prompts, micro_batch_tokens):
         p, pm, c, cm, end = mb.rows(batch)
-        lp, _ = token_logprobs(model, p, pm, c, cm, temperature, autocast_dtype=autocast_dtype,
-                               share_prompts=share_prompts and mb.prompt_groups is not None,
-                               prompt_groups=mb.prompt_groups)
+        lp, _ = token_logprobs(
+            model,
+            p,
+            pm,
+            c,
+            cm,
+            temperature,
+            autocast_dtype=autocast_dtype,
+            share_prompts=share_prompts and mb.prompt_groups is not None,
+            prompt_groups=mb.prompt_groups,
+        )
         out[mb.dev_idx, :end] = lp * cm
     return out
 
 
-def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algorithm, *, mu: int, micro_batch: int,
-                  temperature: float, max_grad_norm: float | None,
-                  autocast_dtype: torch.dtype | None = None, share_prompts: bool = True,
-                  micro_batch_tokens: int | None = None) -> dict[str, float]:
+def policy_update(
+    model,
+    optimizer,
+    scheduler,
+    batch: RolloutBatch,
+    algo: Algorithm,
+    *,
+    mu: int,
+    micro_batch: int,
+    temperature: float,
+    max_grad_norm: float | None,
+    autocast_dtype: torch.dtype | None = None,
+    share_prompts: bool = True,
+    micro_batch_tokens: int | None = None,
+) -> dict[str, float]:
     """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes. With a critic
     (``algo.critic``), μ critic passes follow on the same batch. Micro-batches: at most
     ``micro_batch`` rows and ``micro_batch_tokens`` padded positions (``micro_batches``)."""
@@ -65,10 +90,19 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
         for mb in plan:
             dev_idx = mb.dev_idx
             p, pm, c, cm, end = mb.rows(batch)
-            logp, entropy = token_logprobs(model, p, pm, c, cm, temperature, with_entropy=want_entropy,
-                                           autocast_dtype=autocast_dtype, entropy_grad=bool(algo.entropy_coef),
-                                           share_prompts=share_prompts and mb.prompt_groups is not None,
-                                           prompt_groups=mb.prompt_groups)
+            logp, entropy = token_logprobs(
+                model,
+                p,
+                pm,
+                c,
+                cm,
+                temperature,
+                with_entropy=want_entropy,
+                autocast_dtype=autocast_dtype,
+                entropy_grad=bool(algo.entropy_coef),
+                share_prompts=share_prompts and mb.prompt_groups is not None,
+                prompt_groups=mb.prompt_groups,
+            )
             old_lp = old[dev_idx, :end]
             if mu == 1 and batch.old_logprobs is None:
                 old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
@@ -96,7 +130,7 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
                 sums[k] = fold(sums[k], v) if k in sums else v
         params = [q for q in model.parameters() if q.grad is not None]
         gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
-        if not math.isfinite(gn):   # the one host read of the pass, besides the metrics
+        if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
         optimizer.step()
@@ -107,6 +141,13 @@ def policy_update(model, optimizer, scheduler, batch: RolloutBatch, algo: Algori
             sums[k] += (v if k == "loss/total" else v / token_count) / mu
     sums["lr"] = optimizer.param_groups[0]["lr"]
     if algo.critic is not None:
-        sums.update(algo.critic.update(batch, mu=mu, micro_batch=micro_batch, autocast_dtype=autocast_dtype,
-                                       micro_batch_tokens=micro_batch_tokens))
+        sums.update(
+            algo.critic.update(
+                batch,
+                mu=mu,
+                micro_batch=micro_batch,
+                autocast_dtype=autocast_dtype,
+                micro_batch_tokens=micro_batch_tokens,
+            )
+        )
     return dict(sums)

@@ -1,4 +1,5 @@
 """A rich progress bar with live reward/accuracy."""
+
 from __future__ import annotations
 
 import logging
@@ -13,9 +14,15 @@ class TrainProgress:
 
     def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train"):
         self.enabled, self.total = enabled, total
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 disable=not enabled)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            disable=not enabled,
+        )
         self.task = self.progress.add_task(description, total=total, completed=start, info="")
 
     def __enter__(self):
@@ -33,5 +40,9 @@ class TrainProgress:
             info += f"  eval {metrics['eval/accuracy']:.3f}"
         info += f"  len {metrics.get('length/mean', 0):.0f}  {metrics.get('time/step_s', 0):.1f}s/step"
         self.progress.update(self.task, completed=step, info=info)
-        if self.enabled and not self.progress.console.is_terminal and (step % max(1, self.total // 20) == 0 or step == self.total):
+        if (
+            self.enabled
+            and not self.progress.console.is_terminal
+            and (step % max(1, self.total // 20) == 0 or step == self.total)
+        ):
             log.info("step %d/%d  %s", step, self.total, info)

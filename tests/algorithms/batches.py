@@ -1,4 +1,5 @@
 """Small hand-made RolloutBatches for the algorithm unit tests."""
+
 from __future__ import annotations
 
 import torch
@@ -24,11 +25,17 @@ def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=
         names = [f"t{j}" for j in range(scores.shape[1])]
         w = torch.tensor(weights if weights is not None else [1.0] * scores.shape[1], dtype=torch.float32)
     batch = RolloutBatch(
-        prompt_ids=torch.ones(n, 3, dtype=torch.long), prompt_mask=torch.ones(n, 3, dtype=torch.long),
-        completion_ids=torch.full((n, width), 5, dtype=torch.long) * mask, completion_mask=mask,
-        sampling_logprobs=torch.zeros(n, width), truncated=torch.tensor(truncated or [False] * n),
-        group_ids=torch.tensor(groups), prompts=[f"p{g}" for g in groups], completions=["c"] * n,
-        records=[{"question": f"q{g}", "answer": "1"} for g in groups])
+        prompt_ids=torch.ones(n, 3, dtype=torch.long),
+        prompt_mask=torch.ones(n, 3, dtype=torch.long),
+        completion_ids=torch.full((n, width), 5, dtype=torch.long) * mask,
+        completion_mask=mask,
+        sampling_logprobs=torch.zeros(n, width),
+        truncated=torch.tensor(truncated or [False] * n),
+        group_ids=torch.tensor(groups),
+        prompts=[f"p{g}" for g in groups],
+        completions=["c"] * n,
+        records=[{"question": f"q{g}", "answer": "1"} for g in groups],
+    )
     batch.rewards, batch.reward_names, batch.reward_weights = scores, names, w
     batch.reward_failures = torch.zeros_like(scores, dtype=torch.bool)
     batch.reward = torch.tensor(rewards, dtype=torch.float32) if terms is None else scores @ w
@@ -38,8 +45,15 @@ def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=
 def tiny_policy(seed=0):
     """A 1-layer Llama over a 32-token vocabulary (no tokenizer needed)."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg)
 
 

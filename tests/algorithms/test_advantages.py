@@ -1,5 +1,6 @@
 """Advantage estimators on hand-computed examples (edge cases: zero-variance groups, singleton
 groups, all-masked rows, single-token completions)."""
+
 import math
 
 import pytest
@@ -21,6 +22,7 @@ def close(x, expected, tol=1e-5):
 
 # ---- GRPO scalings reused by Dr. GRPO (none) and Lite PPO (batch) ----------------------------------
 
+
 def test_group_mean_without_std_dr_grpo():
     b = make_batch([1, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1])
     close(grpo(b, scale="none"), [0.5, -0.5, -0.5, 0.5, 0, 0])
@@ -35,6 +37,7 @@ def test_group_mean_batch_std_lite_ppo():
 
 # ---- RLOO -------------------------------------------------------------------------------------------
 
+
 def test_rloo_leave_one_out_zero_variance_and_singleton():
     b = make_batch([1, 0, 0, 1, 1, 1, 1, 0.5], [0, 0, 0, 0, 1, 1, 1, 2])
     # r_0 − mean(0, 0, 1) = 1 − 1/3
@@ -42,6 +45,7 @@ def test_rloo_leave_one_out_zero_variance_and_singleton():
 
 
 # ---- REINFORCE++ ------------------------------------------------------------------------------------
+
 
 def test_reinforce_pp_whitens_token_returns_over_the_batch():
     # tokens: row 0 → 1, 1; row 1 (single token) → 0. mean 2/3, Bessel var 1/3
@@ -74,6 +78,7 @@ def test_whiten_with_fewer_than_two_tokens_is_zero_not_nan():
 
 # ---- ReMax ------------------------------------------------------------------------------------------
 
+
 def test_remax_subtracts_the_greedy_reward():
     b = make_batch([1, 0, 0.5], [0, 0, 1])
     b.extras["greedy_reward"] = torch.tensor([0.5, 0.5, 1.0])
@@ -87,6 +92,7 @@ def test_remax_without_greedy_stage_names_the_stage():
 
 # ---- OPO --------------------------------------------------------------------------------------------
 
+
 def test_opo_length_weighted_baseline():
     # b = (2·1 + 4·0 + 6·1) / 12 = 2/3; group 1 has only empty completions; group 2 is a singleton
     b = make_batch([1, 0, 1, 1, 0, 1], [0, 0, 0, 1, 1, 2], lengths=[2, 4, 6, 0, 0, 1], width=6)
@@ -95,13 +101,14 @@ def test_opo_length_weighted_baseline():
 
 # ---- GPG --------------------------------------------------------------------------------------------
 
+
 def test_gpg_rescales_by_the_share_of_informative_samples():
     b = make_batch([1, 0, 1, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1])
     close(gpg(b), [1, -1, 1, -1, 0, 0, 0, 0])  # α = 8 / 4
 
 
 def test_gpg_alpha_is_capped_like_the_released_code():
-    rewards = [1, 0] + [1, 1] * 20   # 2 informative samples of 42: α would be 21, capped at 1/0.05
+    rewards = [1, 0] + [1, 1] * 20  # 2 informative samples of 42: α would be 21, capped at 1/0.05
     groups = [g for g in range(21) for _ in range(2)]
     adv = gpg(make_batch(rewards, groups))
     close(adv[:2], [10.0, -10.0])
@@ -114,14 +121,14 @@ def test_gpg_all_groups_degenerate_gives_zero():
 
 # ---- BNPO -------------------------------------------------------------------------------------------
 
+
 def test_bnpo_beta_weights():
     # p = 0.25, 0.5, 0.75: mean 0.5, unbiased var 0.0625 → a = b = 1.5 → α = β = 1.5.
     # Beta(1.5, 1.5).pdf(p) = sqrt(p(1-p)) / (π/8): 1/pdf = π/(2√3) at 0.25 and 0.75, π/4 at 0.5.
     rewards = [1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0]
     groups = [0] * 4 + [1] * 4 + [2] * 4
     w_q, w_h = math.pi / (2 * math.sqrt(3)), math.pi / 4
-    expected = ([0.75 * w_q] + [-0.25 * w_q] * 3 + [0.5 * w_h] * 2 + [-0.5 * w_h] * 2
-                + [0.25 * w_q] * 3 + [-0.75 * w_q])
+    expected = [0.75 * w_q] + [-0.25 * w_q] * 3 + [0.5 * w_h] * 2 + [-0.5 * w_h] * 2 + [0.25 * w_q] * 3 + [-0.75 * w_q]
     close(bnpo(make_batch(rewards, groups)), expected)
 
 
@@ -143,11 +150,12 @@ def test_bnpo_decomposition_averages_per_term_advantages():
 
 # ---- GDPO -------------------------------------------------------------------------------------------
 
+
 def test_gdpo_normalises_each_term_in_its_group_then_the_batch():
     terms = [[1, 0], [0, 0], [1, 1], [1, 0]]
     b = make_batch([1, 0, 1.5, 1], [0, 0, 1, 1], terms=terms, weights=[1.0, 0.5])
-    z = 1 / math.sqrt(2)                         # (±0.5) / Bessel std of two values (√0.5)
-    total = [z, -z, 0.5 * z, -0.5 * z]           # term 0 varies in group 0, term 1 in group 1
+    z = 1 / math.sqrt(2)  # (±0.5) / Bessel std of two values (√0.5)
+    total = [z, -z, 0.5 * z, -0.5 * z]  # term 0 varies in group 0, term 1 in group 1
     s = math.sqrt(sum(t * t for t in total) / 3)
     close(gdpo(b), [t / s for t in total], tol=1e-4)
     close(gdpo(b, batch_normalize=False), total, tol=1e-4)
@@ -159,6 +167,7 @@ def test_gdpo_zero_variance_everywhere_is_zero():
 
 
 # ---- GAE --------------------------------------------------------------------------------------------
+
 
 def test_gae_lambda_one_is_return_minus_value():
     b = make_batch([1.0, 0.0, 1.0], [0, 0, 1], lengths=[3, 2, 0], width=3)
@@ -182,7 +191,7 @@ def test_gae_discounting_by_hand():
 def test_gae_whitening_and_missing_values():
     b = make_batch([1.0, 0.0], [0, 0], lengths=[2, 2])
     b.values = torch.zeros(2, 2)
-    adv = gae(b, gamma=1.0, lam=1.0, whiten=True, eps=0.0)   # raw 1, 1, 0, 0 → ±0.5 / sqrt(1/3)
+    adv = gae(b, gamma=1.0, lam=1.0, whiten=True, eps=0.0)  # raw 1, 1, 0, 0 → ±0.5 / sqrt(1/3)
     s = math.sqrt(1 / 3)
     close(adv, [[0.5 / s, 0.5 / s], [-0.5 / s, -0.5 / s]])
     with pytest.raises(ValueError, match="critic"):
@@ -190,6 +199,7 @@ def test_gae_whitening_and_missing_values():
 
 
 # ---- plain reward -----------------------------------------------------------------------------------
+
 
 def test_raw_reward_baselines():
     b = make_batch([1.0, 0.0, 0.5, 0.5], [0, 0, 1, 1])

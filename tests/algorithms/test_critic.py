@@ -1,5 +1,6 @@
 """PPO critic: clipped value loss by hand, value alignment with the completion tokens, lazy build
 from the policy, micro-batch-independent updates, and the Algorithm wiring."""
+
 import copy
 from types import SimpleNamespace
 
@@ -15,7 +16,12 @@ from tests.algorithms.batches import tiny_policy, token_batch
 
 def test_clipped_value_loss_by_hand():
     c = Critic(value_clip=0.5)
-    v, old, ret, m = torch.tensor([[1.0, 0.2]]), torch.tensor([[0.0, 0.0]]), torch.tensor([[2.0, 0.0]]), torch.ones(1, 2)
+    v, old, ret, m = (
+        torch.tensor([[1.0, 0.2]]),
+        torch.tensor([[0.0, 0.0]]),
+        torch.tensor([[2.0, 0.0]]),
+        torch.ones(1, 2),
+    )
     loss, clipped = c.value_loss(v, old, ret, m, total_tokens=2)
     # token 0: (1−2)² = 1 vs clipped (0.5−2)² = 2.25 → 2.25; token 1: 0.04 either way
     torch.testing.assert_close(loss, torch.tensor(0.5 * (2.25 + 0.04) / 2))
@@ -36,11 +42,13 @@ def test_value_of_token_t_sees_only_the_prefix_before_it():
     changed = b.completion_ids.clone()
     changed[0, 2] = (changed[0, 2] + 1) % 32
     v2 = vm(b.prompt_ids, b.prompt_mask, changed, b.completion_mask)
-    torch.testing.assert_close(v1[0, :3], v2[0, :3])      # V before token 2 and at token 2 ignore token 2
-    assert (v1[0, 3] - v2[0, 3]).abs() > 0                # V at token 3 sees token 2
+    torch.testing.assert_close(v1[0, :3], v2[0, :3])  # V before token 2 and at token 2 ignore token 2
+    assert (v1[0, 3] - v2[0, 3]).abs() > 0  # V at token 3 sees token 2
     torch.testing.assert_close(v1[1:], v2[1:])
-    assert vm.trunk is not policy.base_model and vm.trunk.embed_tokens.weight.data_ptr() != \
-        policy.base_model.embed_tokens.weight.data_ptr()
+    assert (
+        vm.trunk is not policy.base_model
+        and vm.trunk.embed_tokens.weight.data_ptr() != policy.base_model.embed_tokens.weight.data_ptr()
+    )
 
 
 def _with_returns(critic, b, micro):
@@ -96,6 +104,7 @@ def test_update_needs_returns_and_settings_are_checked():
 def test_algorithm_runs_the_critic_stage_last_and_checks_its_type():
     def stage(batch, ctx):
         return batch
+
     critic = Critic()
     algo = Algorithm(name="ppo", advantage=gae, loss=ppo_clip, group_stages=[stage], critic=critic)
     assert algo.group_stages == [stage, critic.stage]

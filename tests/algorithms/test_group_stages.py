@@ -1,5 +1,6 @@
 """Group stages: DAPO dynamic sampling (drop zero-variance groups, refill), overlong masking, soft
 overlong punishment, and ReMax's greedy baseline."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -33,8 +34,8 @@ def ctx_with(sample=None, **settings):
 
 
 def test_dynamic_sampling_drops_degenerate_groups_and_refills():
-    batch = make_batch([1, 0, 1, 1], [0, 0, 1, 1])                # group 1 has zero variance
-    refill = Refills(make_batch([0, 0, 1, 0], [2, 2, 3, 3]))       # group 2 degenerate, group 3 kept
+    batch = make_batch([1, 0, 1, 1], [0, 0, 1, 1])  # group 1 has zero variance
+    refill = Refills(make_batch([0, 0, 1, 0], [2, 2, 3, 3]))  # group 2 degenerate, group 3 kept
     out = dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=3)
     assert out.group_ids.tolist() == [0, 0, 3, 3]
     assert out.reward.tolist() == [1, 0, 1, 0]
@@ -48,10 +49,11 @@ def test_dynamic_sampling_trims_surplus_groups_and_respects_max_rounds():
     batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1])
     refill = Refills(make_batch([1, 0, 0, 1, 1, 0], [2, 2, 3, 3, 4, 4]), make_batch([1, 0], [5, 5]))
     out = dynamic_sampling(batch, ctx_with(refill, prompts_per_step=2), max_rounds=1, oversample=1.5)
-    assert out.group_ids.tolist() == [2, 2, 3, 3]                  # third kept group is surplus
-    assert refill.asked == [3]                                      # ⌈2 · 1.5⌉
-    short = dynamic_sampling(make_batch([1, 1, 1, 0], [0, 0, 1, 1]), ctx_with(Refills(), prompts_per_step=2),
-                               max_rounds=0)
+    assert out.group_ids.tolist() == [2, 2, 3, 3]  # third kept group is surplus
+    assert refill.asked == [3]  # ⌈2 · 1.5⌉
+    short = dynamic_sampling(
+        make_batch([1, 1, 1, 0], [0, 0, 1, 1]), ctx_with(Refills(), prompts_per_step=2), max_rounds=0
+    )
     assert short.group_ids.tolist() == [1, 1] and short.stats["dynamic_sampling/rounds"] == 0
 
 
@@ -62,7 +64,7 @@ def test_dynamic_sampling_keeps_the_batch_when_nothing_varies():
 
 
 def test_dynamic_sampling_filters_on_a_named_term():
-    terms = [[1, 0], [1, 1], [0, 1], [1, 1]]     # term t0 varies only in group 1, term t1 only in group 0
+    terms = [[1, 0], [1, 1], [0, 1], [1, 1]]  # term t0 varies only in group 1, term t1 only in group 0
     batch = make_batch(None, [0, 0, 1, 1], terms=terms)
     out = dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="t0", max_rounds=0)
     assert out.group_ids.tolist() == [1, 1]
@@ -74,7 +76,7 @@ def test_overlong_mask_removes_truncated_rows_from_the_loss_only():
     batch = make_batch([1, 0, 1], [0, 0, 0], lengths=[2, 3, 1], truncated=[False, True, False])
     out = overlong_mask(batch)
     assert loss_mask(out).tolist() == [[1, 1, 0], [0, 0, 0], [1, 0, 0]]
-    assert out.completion_mask.sum() == 6 and out.lengths.tolist() == [2, 3, 1]   # completions untouched
+    assert out.completion_mask.sum() == 6 and out.lengths.tolist() == [2, 3, 1]  # completions untouched
     assert out.stats["overlong/masked_frac"] == pytest.approx(1 / 3)
     norm = Normaliser.from_mask(loss_mask(out))
     assert norm.total_tokens == 3 and norm.total_rows == 2
@@ -111,16 +113,29 @@ class GreedyRollout:
         self.calls.append((list(prompts), num_generations, greedy))
         n = len(prompts)
         mask = torch.ones(n, 2, dtype=torch.long)
-        return RolloutOutput(torch.ones(n, 3, dtype=torch.long), torch.ones(n, 3, dtype=torch.long),
-                             torch.ones(n, 2, dtype=torch.long), mask, torch.zeros(n, 2),
-                             torch.zeros(n, dtype=torch.bool), self.texts[:n])
+        return RolloutOutput(
+            torch.ones(n, 3, dtype=torch.long),
+            torch.ones(n, 3, dtype=torch.long),
+            torch.ones(n, 2, dtype=torch.long),
+            mask,
+            torch.zeros(n, 2),
+            torch.zeros(n, dtype=torch.bool),
+            self.texts[:n],
+        )
 
 
 def test_greedy_baseline_scores_one_greedy_completion_per_prompt():
     batch = make_batch([1, 0, 0, 1, 1], [0, 0, 0, 1, 1])
     rollout = GreedyRollout(["ab", "ba"])
-    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout=rollout,
-                          reward_terms={"a": FirstLetterIsA()}, settings=None, sample=None, autocast_dtype=None)
+    ctx = SimpleNamespace(
+        policy=torch.nn.Linear(1, 1),
+        tokenizer=None,
+        rollout=rollout,
+        reward_terms={"a": FirstLetterIsA()},
+        settings=None,
+        sample=None,
+        autocast_dtype=None,
+    )
     out = greedy_baseline(batch, ctx)
     assert rollout.calls == [(["p0", "p1"], 1, True)]
     assert out.extras["greedy_reward"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
@@ -129,5 +144,7 @@ def test_greedy_baseline_scores_one_greedy_completion_per_prompt():
 
 def test_greedy_baseline_without_rollout_in_context_names_what_is_missing():
     with pytest.raises(RuntimeError, match="reward_terms"):
-        greedy_baseline(make_batch([0, 1], [7, 7]),
-                          SimpleNamespace(policy=None, sample=None, rollout=None, reward_terms=None, autocast_dtype=None))
+        greedy_baseline(
+            make_batch([0, 1], [7, 7]),
+            SimpleNamespace(policy=None, sample=None, rollout=None, reward_terms=None, autocast_dtype=None),
+        )

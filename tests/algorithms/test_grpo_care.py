@@ -1,4 +1,6 @@
-"""GRPO-CARE consistency bonus (rlexp.algorithms.group_stages.consistency) and the EMA reference, values computed by hand."""
+"""GRPO-CARE consistency bonus (rlexp.algorithms.group_stages.consistency) and the EMA reference, values computed
+by hand."""
+
 import json
 import math
 from types import SimpleNamespace
@@ -26,9 +28,10 @@ def nan_list(t):
 
 def test_bonus_on_hand_made_groups():
     out = bonus_of(
-        acc=[1, 1, 0, 1,   0, 0, 0, 0,   0.05, 0.05, 0.05, 0,   1, 1, 1, 0,   0.5, 1, 0.5, 0],
-        conf=[0.9, 0.6, 0.99, 0.97,   0.5, 0.9, NAN, 0.2,   0.9, 0.9, 0.9, 0.9,   NAN, 0.8, 0.6, 0.9,   0.9, 0.5, 0.9, 0.9],
-        groups=[0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4)
+        acc=[1, 1, 0, 1, 0, 0, 0, 0, 0.05, 0.05, 0.05, 0, 1, 1, 1, 0, 0.5, 1, 0.5, 0],
+        conf=[0.9, 0.6, 0.99, 0.97, 0.5, 0.9, NAN, 0.2, 0.9, 0.9, 0.9, 0.9, NAN, 0.8, 0.6, 0.9, 0.9, 0.5, 0.9, 0.9],
+        groups=[0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4,
+    )
     # g0: mean acc 0.75 -> accurate rows 0, 1, 3; capped conf 0.9, 0.6, 0.95 -> threshold 2.45/3;
     #     rows 0 (0.9) and 3 (0.95) reach it, row 1 (0.6) does not; bonus 0.5 * acc
     # g1: no accurate sample -> no threshold, no bonus
@@ -38,10 +41,12 @@ def test_bonus_on_hand_made_groups():
     # g4: partial accuracy, mean 0.5 -> accurate rows 0, 1, 2; threshold (0.9+0.5+0.9)/3 = 2.3/3;
     #     the most accurate row 1 is unconfident -> no bonus; rows 0, 2 get 0.5 * 0.5
     assert out["bonus"].tolist() == pytest.approx(
-        [0.5, 0, 0, 0.5,   0, 0, 0, 0,   0, 0, 0, 0,   0, 0.5, 0, 0,   0.25, 0, 0.25, 0])
+        [0.5, 0, 0, 0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.5, 0, 0, 0.25, 0, 0.25, 0]
+    )
     assert out["accurate"].tolist() == [True, True, False, True] + [False] * 8 + [True, True, True, False] * 2
-    assert out["consistent"].tolist() == ([True, False, False, True] + [False] * 8 + [False, True, False, False]
-                                          + [True, False, True, False])
+    assert out["consistent"].tolist() == (
+        [True, False, False, True] + [False] * 8 + [False, True, False, False] + [True, False, True, False]
+    )
     thr = nan_list(out["threshold"])
     assert thr[0] == pytest.approx(2.45 / 3) and thr[4] is None and thr[8] is None
     assert thr[12] == pytest.approx(0.7) and thr[16] == pytest.approx(2.3 / 3)
@@ -77,12 +82,22 @@ def make_batch(acc, groups, completions=None, prompts=None):
     n = len(acc)
     acc_t = torch.tensor(acc, dtype=torch.float32)
     return RolloutBatch(
-        prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.ones(n, 3, dtype=torch.long), completion_mask=torch.ones(n, 3, dtype=torch.long),
-        sampling_logprobs=torch.zeros(n, 3), truncated=torch.zeros(n, dtype=torch.bool), group_ids=torch.tensor(groups),
-        prompts=prompts or ["p"] * n, completions=completions or ["c"] * n, records=[{}] * n,
-        rewards=torch.stack([acc_t, torch.ones(n)], 1), reward_names=["accuracy", "format"],
-        reward_weights=torch.tensor([1.0, 0.2]), reward=acc_t + 0.2, reward_failures=torch.zeros(n, 2, dtype=torch.bool))
+        prompt_ids=torch.ones(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, 3, dtype=torch.long),
+        completion_mask=torch.ones(n, 3, dtype=torch.long),
+        sampling_logprobs=torch.zeros(n, 3),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        group_ids=torch.tensor(groups),
+        prompts=prompts or ["p"] * n,
+        completions=completions or ["c"] * n,
+        records=[{}] * n,
+        rewards=torch.stack([acc_t, torch.ones(n)], 1),
+        reward_names=["accuracy", "format"],
+        reward_weights=torch.tensor([1.0, 0.2]),
+        reward=acc_t + 0.2,
+        reward_failures=torch.zeros(n, 2, dtype=torch.bool),
+    )
 
 
 class FixedConfidence(ConsistencyBonus):
@@ -139,12 +154,17 @@ def test_stage_errors_name_the_key():
 
 def test_stage_scores_confidence_with_the_reference_model(tiny_cfg):
     from rlexp.models.loading import load_model
+
     cfg = tiny_cfg("prompt=tag")
     loaded = load_model(cfg.model, torch.device("cpu"))
     ref = ReferenceModel(loaded.model, "ema", 0.995, 10)
     ctx = SimpleNamespace(reference=ref, tokenizer=loaded.tokenizer, answer_format="tag")
-    completions = ["<think>2+2 is 4</think><answer>4</answer>", "<think>2+2 is 4</think><answer>5</answer>",
-                   "<think>no answer given</think>", "<think>2+2</think><answer>4</answer>"]
+    completions = [
+        "<think>2+2 is 4</think><answer>4</answer>",
+        "<think>2+2 is 4</think><answer>5</answer>",
+        "<think>no answer given</think>",
+        "<think>2+2</think><answer>4</answer>",
+    ]
     batch = make_batch([1, 0, 0, 1], [0] * 4, completions=completions, prompts=["What is 2+2? "] * 4)
     out = ConsistencyBonus(confidence_cap=None)(batch, ctx)
     conf = out.extras["care_confidence"]
@@ -158,6 +178,7 @@ def test_stage_scores_confidence_with_the_reference_model(tiny_cfg):
 
 
 # ---- the EMA reference ----------------------------------------------------------------------
+
 
 class Tiny(torch.nn.Module):
     def __init__(self, w, buf):
@@ -173,7 +194,7 @@ def test_ema_update_by_hand():
     assert target.w.tolist() == pytest.approx([0.995, 2.01])
     assert target.b.tolist() == [7.0]
     ema_update(target, source, 0.995)
-    assert target.w.tolist() == pytest.approx([0.995 ** 2, 0.995 * 2.01 + 0.005 * 4])
+    assert target.w.tolist() == pytest.approx([0.995**2, 0.995 * 2.01 + 0.005 * 4])
 
 
 def test_ema_reference_updates_every_interval_steps():
@@ -194,11 +215,18 @@ def test_ema_reference_updates_every_interval_steps():
 
 # ---- the method as configured ---------------------------------------------------------------
 
+
 def test_config_composes_to_care_with_ema_reference_and_no_kl(tiny_cfg):
     algo = instantiate(tiny_cfg("algorithm=grpo_care", "prompt=tag").algorithm, _convert_="all")
     (stage,) = algo.group_stages
     assert isinstance(stage, ConsistencyBonus)
-    assert (stage.coef, stage.accuracy_floor, stage.confidence_cap, stage.margin, stage.scope) == (0.5, 0.1, 0.95, 0.0, "group")
+    assert (stage.coef, stage.accuracy_floor, stage.confidence_cap, stage.margin, stage.scope) == (
+        0.5,
+        0.1,
+        0.95,
+        0.0,
+        "group",
+    )
     assert algo.needs_reference and algo.kl.coef == 0
     assert (algo.reference.kind, algo.reference.ema_decay, algo.reference.ema_interval) == ("ema", 0.995, 10)
 
@@ -209,7 +237,14 @@ def test_grpo_care_trains_two_steps_and_logs_its_metrics(tiny_cfg, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        for key in ("care/bonus_frac", "care/bonus_mean", "care/confidence_mean", "care/consistency_rate",
-                    "care/threshold_mean", "reward/care_bonus/mean", "reference/ema_updates"):
+        for key in (
+            "care/bonus_frac",
+            "care/bonus_mean",
+            "care/confidence_mean",
+            "care/consistency_rate",
+            "care/threshold_mean",
+            "reward/care_bonus/mean",
+            "reference/ema_updates",
+        ):
             assert key in row, key
         assert 0.0 <= row["care/bonus_frac"] <= 1.0

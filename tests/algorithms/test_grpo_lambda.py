@@ -1,4 +1,5 @@
 """GRPO-λ switch (rlexp.algorithms.group_stages.length_switch), values computed by hand."""
+
 import json
 
 import pytest
@@ -16,12 +17,22 @@ def make_batch(acc, lengths, groups):
     mask = torch.tensor([[1] * l + [0] * (t - l) for l in lengths])
     acc_t = torch.tensor(acc, dtype=torch.float32)
     return RolloutBatch(
-        prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.ones(n, t, dtype=torch.long), completion_mask=mask,
-        sampling_logprobs=torch.zeros(n, t), truncated=torch.zeros(n, dtype=torch.bool),
-        group_ids=torch.tensor(groups), prompts=["p"] * n, completions=["c"] * n, records=[{}] * n,
-        rewards=acc_t[:, None].clone(), reward_names=["accuracy"], reward_weights=torch.tensor([1.0]),
-        reward=acc_t.clone(), reward_failures=torch.zeros(n, 1, dtype=torch.bool))
+        prompt_ids=torch.ones(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, t, dtype=torch.long),
+        completion_mask=mask,
+        sampling_logprobs=torch.zeros(n, t),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        group_ids=torch.tensor(groups),
+        prompts=["p"] * n,
+        completions=["c"] * n,
+        records=[{}] * n,
+        rewards=acc_t[:, None].clone(),
+        reward_names=["accuracy"],
+        reward_weights=torch.tensor([1.0]),
+        reward=acc_t.clone(),
+        reward_failures=torch.zeros(n, 1, dtype=torch.bool),
+    )
 
 
 def test_threshold_keeps_the_penalty_at_and_above_and_switches_below():
@@ -38,15 +49,16 @@ def test_top_fraction_selects_the_highest_ratios_ties_in_order():
 
 def test_switch_on_a_hand_made_batch():
     batch = make_batch(
-        acc=[1, 1, 1, 0,   1, 0, 0, 0,   1, 1, 0, 0],
-        lengths=[10, 20, 40, 30,   5, 10, 15, 20,   8, 16, 4, 12],
-        groups=[0] * 4 + [1] * 4 + [2] * 4)
+        acc=[1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 0],
+        lengths=[10, 20, 40, 30, 5, 10, 15, 20, 8, 16, 4, 12],
+        groups=[0] * 4 + [1] * 4 + [2] * 4,
+    )
     out = LambdaSwitch(threshold=0.5)(batch)
     # group 0: ratio 0.75 >= 0.5, penalised. span 30: lambda = [0.5, 1/6, -0.5, -1/6]; the wrong row gets min(0, -1/6)
     # group 1: ratio 0.25 < 0.5, switched: plain 0/1
     # group 2: ratio 0.5 (at the threshold), penalised. span 12: lambda = [1/6, -0.5, 0.5, -1/6]; wrong rows: 0, -1/6
-    pen = [0.5, 1 / 6, -0.5, -1 / 6,   0, 0, 0, 0,   1 / 6, -0.5, 0.0, -1 / 6]
-    acc = [1, 1, 1, 0,   1, 0, 0, 0,   1, 1, 0, 0]
+    pen = [0.5, 1 / 6, -0.5, -1 / 6, 0, 0, 0, 0, 1 / 6, -0.5, 0.0, -1 / 6]
+    acc = [1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 0]
     assert out.reward_names == ["accuracy", "length_penalty"]
     assert out.term("length_penalty").tolist() == pytest.approx(pen, abs=1e-6)
     assert out.reward.tolist() == pytest.approx([a + p for a, p in zip(acc, pen)], abs=1e-6)
@@ -102,7 +114,11 @@ def test_grpo_lambda_trains_two_steps_and_logs_its_metrics(tiny_cfg, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        for key in ("grpo_lambda/switched_group_frac", "grpo_lambda/correct_length_mean",
-                    "grpo_lambda/correct_ratio_mean", "reward/length_penalty/mean"):
+        for key in (
+            "grpo_lambda/switched_group_frac",
+            "grpo_lambda/correct_length_mean",
+            "grpo_lambda/correct_ratio_mean",
+            "reward/length_penalty/mean",
+        ):
             assert key in row, key
         assert 0.0 <= row["grpo_lambda/switched_group_frac"] <= 1.0

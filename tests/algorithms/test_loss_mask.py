@@ -1,6 +1,7 @@
 """The loss mask in the update: an overlong-masked row contributes no gradient and is not counted by
 the normalisers (the update equals the update on the batch without that row), whatever the
 micro-batching."""
+
 import copy
 
 import torch
@@ -18,8 +19,19 @@ def _update(batch, aggregation, micro, micro_tokens=None, share=True):
     before = copy.deepcopy(policy.state_dict())
     algo = Algorithm(name="t", advantage=grpo, loss=ppo_clip, aggregation=aggregation)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
-    metrics = policy_update(policy, opt, None, batch, algo, mu=1, micro_batch=micro, temperature=1.0,
-                            max_grad_norm=None, micro_batch_tokens=micro_tokens, share_prompts=share)
+    metrics = policy_update(
+        policy,
+        opt,
+        None,
+        batch,
+        algo,
+        mu=1,
+        micro_batch=micro,
+        temperature=1.0,
+        max_grad_norm=None,
+        micro_batch_tokens=micro_tokens,
+        share_prompts=share,
+    )
     delta = {k: policy.state_dict()[k] - before[k] for k in before}
     return delta, metrics
 

@@ -1,4 +1,5 @@
 """Policy losses on hand-computed examples: values and gradients w.r.t. the current log-probs."""
+
 import math
 
 import torch
@@ -36,7 +37,7 @@ def test_cispo_clipped_stop_gradient_weight():
     out = cispo(logp, old, adv, mask, eps_low=0.2, eps_high=0.1)
     # ratios e^0.2 = 1.2214 → capped at 1.1; e^-0.5 = 0.6065 → floored at 0.8
     close(out.per_token, [[-1.1 * 2 * -1.0, -0.8 * 2 * -1.0]])
-    close(grad_of(out, logp), [[-1.1 * 2, -0.8 * 2]])   # the weight carries no gradient
+    close(grad_of(out, logp), [[-1.1 * 2, -0.8 * 2]])  # the weight carries no gradient
     unbounded = cispo(logp, old, adv, mask, eps_low=None, eps_high=4.0)
     close(unbounded.per_token, [[math.exp(0.2) * 2, math.exp(-0.5) * 2]])
     assert unbounded.token_stats["clip/high_frac"].sum() == 0
@@ -45,14 +46,14 @@ def test_cispo_clipped_stop_gradient_weight():
 def test_sapo_gate_value_and_unit_slope_on_policy():
     logp = t([[-1.0, -1.0]], grad=True)
     pos = sapo(logp, logp.detach(), t([1.0]), t([[1, 1]]), tau_pos=1.0, tau_neg=1.05)
-    close(pos.per_token, [[-2.0, -2.0]])                 # f(1) = 2/τ
-    close(grad_of(pos, logp), [[-1.0, -1.0]])            # f'(1) = 1 → gradient −A
+    close(pos.per_token, [[-2.0, -2.0]])  # f(1) = 2/τ
+    close(grad_of(pos, logp), [[-1.0, -1.0]])  # f'(1) = 1 → gradient −A
     neg = sapo(logp, logp.detach(), t([-1.0]), t([[1, 1]]), tau_pos=1.0, tau_neg=1.05)
     close(neg.per_token, [[2 / 1.05, 2 / 1.05]])
 
 
 def test_sapo_gate_off_policy():
-    logp, old = t([[0.0]], grad=True), t([[-math.log(1.5)]])   # ratio 1.5
+    logp, old = t([[0.0]], grad=True), t([[-math.log(1.5)]])  # ratio 1.5
     out = sapo(logp, old, t([1.0]), t([[1]]), tau_pos=2.0)
     sig = 1 / (1 + math.exp(-2.0 * 0.5))
     close(out.per_token, [[-sig * 4 / 2.0]])
@@ -62,7 +63,7 @@ def test_sapo_gate_off_policy():
 def test_gspo_sequence_ratio_value_gradient_and_clip():
     logp, old = t([[-1.0, -1.0]], grad=True), t([[-1.1, -0.7]])
     mask = t([[1, 1]])
-    s = math.exp(-0.1)                      # exp(mean(0.1, −0.3))
+    s = math.exp(-0.1)  # exp(mean(0.1, −0.3))
     out = gspo(logp, old, t([1.0]), mask, eps_low=0.2, eps_high=0.2)
     close(out.per_token, [[-s, -s]])
     close(grad_of(out, logp), [[-s, -s]])
@@ -76,18 +77,18 @@ def test_gspo_sequence_ratio_value_gradient_and_clip():
 def test_gspo_ignores_padding_in_the_sequence_ratio():
     logp, old = t([[-1.0, -1.0]], grad=True), t([[-1.2, 5.0]])
     out = gspo(logp, old, t([1.0]), t([[1, 0]]), eps_low=0.3, eps_high=0.3)
-    close(out.per_token[0, 0], -math.exp(0.2))          # the padded log-ratio (6.0) is left out
+    close(out.per_token[0, 0], -math.exp(0.2))  # the padded log-ratio (6.0) is left out
 
 
 def test_gmpo_geometric_mean_with_pessimistic_log_clip():
     logp, mask = t([[0.0, 0.0]], grad=True), t([[1, 1]])
-    old = t([[-0.1, 0.5]])                    # log-ratios 0.1, −0.5
+    old = t([[-0.1, 0.5]])  # log-ratios 0.1, −0.5
     pos = gmpo(logp, old, t([1.0]), mask, eps_low=0.4, eps_high=0.4)
-    close(pos.per_token, [[-math.exp(-0.2)] * 2])       # A > 0 keeps −0.5 (min), mean −0.2
+    close(pos.per_token, [[-math.exp(-0.2)] * 2])  # A > 0 keeps −0.5 (min), mean −0.2
     neg = gmpo(logp, old, t([-1.0]), mask, eps_low=0.4, eps_high=0.4)
-    close(neg.per_token, [[math.exp(-0.15)] * 2])       # A < 0 clips −0.5 to −0.4, mean −0.15
+    close(neg.per_token, [[math.exp(-0.15)] * 2])  # A < 0 clips −0.5 to −0.4, mean −0.15
     high = gmpo(logp, t([[-0.6, -0.6]]), t([1.0]), mask, eps_low=0.4, eps_high=0.4)
-    close(high.per_token, [[-math.exp(0.4)] * 2])       # 0.6 clipped to 0.4 for A > 0
+    close(high.per_token, [[-math.exp(0.4)] * 2])  # 0.6 clipped to 0.4 for A > 0
     close(grad_of(high, logp), [[0.0, 0.0]])
 
 
@@ -114,7 +115,7 @@ def test_clip_cov_detaches_random_in_band_covariance_tokens():
 
 def test_clip_cov_skips_tokens_the_ppo_clip_already_clipped():
     logp = t([[0.0, -2.0, 0.0, -2.0]], grad=True)
-    old = t([[-0.5, -2.0, 0.0, -2.0]])       # token 0: ratio e^0.5 > 1.2 with A > 0 → PPO-clipped
+    old = t([[-0.5, -2.0, 0.0, -2.0]])  # token 0: ratio e^0.5 > 1.2 with A > 0 → PPO-clipped
     adv, mask = t([[3.0, -3.0, 6.0, -6.0]]), t([[1, 1, 1, 1]])
     out = clip_cov(logp, old, adv, mask, clip_ratio=1.0)
     close(out.token_stats["cov/detached_frac"], [[0.0, 1.0, 0.0, 0.0]])
@@ -139,6 +140,6 @@ def test_kl_cov_never_selects_padding_and_handles_all_masked():
 
 
 def test_ppo_clip_dual_clip_unchanged():
-    logp, old = t([[0.0]], grad=True), t([[-math.log(5.0)]])   # ratio 5 with A < 0
+    logp, old = t([[0.0]], grad=True), t([[-math.log(5.0)]])  # ratio 5 with A < 0
     out = ppo_clip(logp, old, t([-1.0]), t([[1]]), eps_low=0.2, dual_clip=3.0)
     close(out.per_token, [[3.0]])

@@ -4,6 +4,7 @@ The tiny model's random answers are never correct, so the accuracy term is swapp
 reward that varies between completions (``varying_reward.VowelShare``): groups then have reward
 variance and every method produces non-zero advantages and a real update.
 """
+
 import math
 from pathlib import Path
 
@@ -18,8 +19,28 @@ FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generat
 
 
 def test_the_library_has_the_methods_of_issue_3():
-    wanted = {"grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opo",
-              "gpg", "lite_ppo", "bnpo", "gdpo", "cispo", "sapo", "clip_cov", "kl_cov", "gmpo", "ppo", "reinforce"}
+    wanted = {
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "rloo",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "remax",
+        "opo",
+        "gpg",
+        "lite_ppo",
+        "bnpo",
+        "gdpo",
+        "cispo",
+        "sapo",
+        "clip_cov",
+        "kl_cov",
+        "gmpo",
+        "ppo",
+        "reinforce",
+    }
     assert wanted <= set(METHODS), wanted - set(METHODS)
 
 
@@ -43,5 +64,5 @@ def test_overlong_masking_stage_in_a_run(tiny_cfg):
     result = run(tiny_cfg(*VARYING, *FAST, "algorithm=dapo", f"algorithm.group_stages=[{stage}]"))
     m = result.metrics
     assert m["overlong/masked_frac"] == pytest.approx(m["length/truncated_frac"])
-    if m["overlong/masked_frac"] == 1.0:   # every completion hit the limit: nothing left in the loss
+    if m["overlong/masked_frac"] == 1.0:  # every completion hit the limit: nothing left in the loss
         assert m["loss/total"] == 0.0

@@ -1,4 +1,5 @@
 """80/20 high-entropy token selection and its wiring through Algorithm.token_loss."""
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -28,7 +29,7 @@ def test_threshold_uses_valid_tokens_only_and_never_keeps_padding():
 def test_edge_cases():
     ent = torch.tensor([[0.7, 0.0]])
     assert high_entropy_mask(ent, torch.tensor([[1, 0]]), 0.2).tolist() == [[True, False]]  # single token
-    assert not high_entropy_mask(ent, torch.zeros(1, 2), 0.2).any()                          # all masked
+    assert not high_entropy_mask(ent, torch.zeros(1, 2), 0.2).any()  # all masked
     assert high_entropy_mask(ent, torch.tensor([[1, 1]]), 1.0).tolist() == [[True, True]]
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         high_entropy_mask(ent, torch.ones(1, 2), 0.0)
@@ -55,7 +56,7 @@ def test_token_loss_adds_kl_and_entropy_bonus():
     ent = torch.tensor([[0.4, 0.2]])
     algo = _algo(kl={"coef": 0.1, "estimator": "k3", "mode": "loss"}, entropy_coef=0.5)
     out = algo.token_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ent, ref)
-    k3 = torch.exp(torch.tensor(-0.5)) + 0.5 - 1                      # e^{ref−θ} − (ref−θ) − 1
+    k3 = torch.exp(torch.tensor(-0.5)) + 0.5 - 1  # e^{ref−θ} − (ref−θ) − 1
     torch.testing.assert_close(out.per_token, torch.tensor([[0.1 * k3 - 0.2, -0.1]]))
     with pytest.raises(ValueError, match="reference"):
         algo.token_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ent, None)
@@ -74,9 +75,14 @@ def test_invalid_quantile_names_the_key():
 
 
 def test_config_option_instantiates():
-    cfg = OmegaConf.create({"_target_": "rlexp.algorithms.algorithm.Algorithm", "name": "x",
-                            "advantage": {"_target_": "rlexp.algorithms.advantages.group.grpo", "_partial_": True},
-                            "loss": {"_target_": "rlexp.algorithms.losses.clip.ppo_clip", "_partial_": True},
-                            "top_entropy_quantile": 0.2})
+    cfg = OmegaConf.create(
+        {
+            "_target_": "rlexp.algorithms.algorithm.Algorithm",
+            "name": "x",
+            "advantage": {"_target_": "rlexp.algorithms.advantages.group.grpo", "_partial_": True},
+            "loss": {"_target_": "rlexp.algorithms.losses.clip.ppo_clip", "_partial_": True},
+            "top_entropy_quantile": 0.2,
+        }
+    )
     algo = instantiate(cfg, _convert_="all")
     assert algo.top_entropy_quantile == 0.2 and algo.loss.func is ppo_clip

@@ -13,6 +13,7 @@ which cannot be called standalone; its formula is transcribed below from
 trl/trainer/grpo_trainer.py (L2754-2812, ``sum_then_normalize`` and ``normalize_then_sum``), using
 TRL's own ``nanstd``.
 """
+
 from collections import defaultdict
 from functools import partial
 from types import SimpleNamespace
@@ -49,17 +50,45 @@ class _Accelerator:
         return x
 
 
-def trl_loss(loss_type, logp, inputs, entropies, *, eps_low=0.2, eps_high=0.2, level="token", beta=0.0,
-             top_entropy_quantile=1.0, tau_pos=1.0, tau_neg=1.05):
+def trl_loss(
+    loss_type,
+    logp,
+    inputs,
+    entropies,
+    *,
+    eps_low=0.2,
+    eps_high=0.2,
+    level="token",
+    beta=0.0,
+    top_entropy_quantile=1.0,
+    tau_pos=1.0,
+    tau_neg=1.05,
+):
     stub = SimpleNamespace(
-        top_entropy_quantile=top_entropy_quantile, accelerator=_Accelerator(), off_policy_mask_threshold=None,
-        importance_sampling_level=level, beta=beta, loss_type=loss_type, epsilon_low=eps_low,
-        epsilon_high=eps_high, use_vllm=False, vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=T,
-        _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        top_entropy_quantile=top_entropy_quantile,
+        accelerator=_Accelerator(),
+        off_policy_mask_threshold=None,
+        importance_sampling_level=level,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=eps_low,
+        epsilon_high=eps_high,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=T,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, sapo_temperature_pos=tau_pos,
-                             sapo_temperature_neg=tau_neg, steps_per_generation=1))
+        args=SimpleNamespace(
+            use_bias_correction_kl=False,
+            delta=None,
+            sapo_temperature_pos=tau_pos,
+            sapo_temperature_neg=tau_neg,
+            steps_per_generation=1,
+        ),
+    )
     stub._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropies, None)
     stub.get_high_entropy_mask = partial(trl_grpo.GRPOTrainer.get_high_entropy_mask, stub)
     return trl_grpo.GRPOTrainer._compute_loss(stub, None, inputs)
@@ -67,7 +96,7 @@ def trl_loss(loss_type, logp, inputs, entropies, *, eps_low=0.2, eps_high=0.2, l
 
 def make_tensors(seed, noise=0.3, seq_advantage=True):
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([7, 1, 4, 0, 6, 3])                     # a single-token row and an empty row
+    lengths = torch.tensor([7, 1, 4, 0, 6, 3])  # a single-token row and an empty row
     mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
     base = -torch.rand(B, T, generator=g) * 3 - 0.05
     old = base + torch.randn(B, T, generator=g) * noise
@@ -94,25 +123,37 @@ CASES = [
     ("cispo", [], "cispo", {"eps_high": 5.0}),
     ("sapo", ["algorithm.count_empty_rows=true"], "sapo", {}),
     ("gspo", ["algorithm.count_empty_rows=true"], "grpo", {"level": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}),
-    ("gspo", ["algorithm.count_empty_rows=true", "algorithm.loss.eps_low=0.2", "algorithm.loss.eps_high=0.2"],
-     "grpo", {"level": "sequence"}),
+    (
+        "gspo",
+        ["algorithm.count_empty_rows=true", "algorithm.loss.eps_low=0.2", "algorithm.loss.eps_high=0.2"],
+        "grpo",
+        {"level": "sequence"},
+    ),
     ("dapo_8020", [], "dapo", {"eps_high": 0.28, "top_entropy_quantile": 0.2}),
     ("grpo", ["algorithm.count_empty_rows=true", "algorithm.kl.coef=0.04"], "grpo", {"beta": 0.04}),
 ]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("method,overrides,loss_type,trl_kwargs", CASES,
-                         ids=[f"{c[0]}~{c[2]}{'-' + '-'.join(f'{k}{v}' for k, v in c[3].items()) if c[3] else ''}"
-                              for c in CASES])
+@pytest.mark.parametrize(
+    "method,overrides,loss_type,trl_kwargs",
+    CASES,
+    ids=[f"{c[0]}~{c[2]}{'-' + '-'.join(f'{k}{v}' for k, v in c[3].items()) if c[3] else ''}" for c in CASES],
+)
 def test_loss_and_gradient_match_trl(method, overrides, loss_type, trl_kwargs, seed, tmp_path):
     base, old, adv, mask, ent, ref = make_tensors(seed)
     lp_ours = base.clone().requires_grad_(True)
     lp_trl = base.clone().requires_grad_(True)
-    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-              "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum(),
-              "ref_per_token_logps": ref}
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+        "ref_per_token_logps": ref,
+    }
     expected = trl_loss(loss_type, lp_trl, inputs, ent, **trl_kwargs)
     got = ours(method, overrides, lp_ours, old, adv, mask, ent, ref, tmp_path)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
@@ -125,9 +166,14 @@ def test_on_policy_ratio_one_matches_trl(tmp_path):
     """μ = 1: old log-probs are logp.detach() on both sides (TRL drops old_per_token_logps)."""
     base, _, adv, mask, ent, ref = make_tensors(3)
     lp_ours, lp_trl = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
-    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-              "advantages": adv, "num_items_in_batch": mask.sum()}
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "num_items_in_batch": mask.sum(),
+    }
     expected = trl_loss("dapo", lp_trl, inputs, ent, eps_high=0.28)
     got = ours("dapo", [], lp_ours, lp_ours.detach(), adv, mask, ent, None, tmp_path)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
@@ -136,6 +182,7 @@ def test_on_policy_ratio_one_matches_trl(tmp_path):
 
 
 # ---- reward scaling (transcribed) -------------------------------------------------------------------
+
 
 def trl_sum_then_normalize(rewards, G, scale):
     """grpo_trainer.py L2765-2792 (sum_then_normalize), with the weighted sum already taken."""
@@ -167,7 +214,7 @@ def test_reward_scaling_matches_trl(scale, seed):
     g = torch.Generator().manual_seed(seed)
     G = 4
     rewards = torch.rand(5 * G, generator=g).round(decimals=1)
-    rewards[:G] = 0.5                                              # a zero-variance group
+    rewards[:G] = 0.5  # a zero-variance group
     groups = torch.arange(5).repeat_interleave(G)
     got = normalize_rewards(rewards, groups, scale=scale, eps=1e-4)
     torch.testing.assert_close(got, trl_sum_then_normalize(rewards, G, scale), atol=1e-5, rtol=0)
@@ -178,8 +225,9 @@ def test_gdpo_matches_trl_normalize_then_sum(seed):
     g = torch.Generator().manual_seed(seed)
     G = 4
     terms = (torch.rand(4 * G, 3, generator=g) > 0.5).float()
-    terms[:G, 0] = 1.0                                             # term 0 degenerate in group 0
+    terms[:G, 0] = 1.0  # term 0 degenerate in group 0
     weights = torch.tensor([1.0, 0.2, 0.5])
-    batch = make_batch(None, torch.arange(4).repeat_interleave(G).tolist(), terms=terms.tolist(),
-                       weights=weights.tolist())
+    batch = make_batch(
+        None, torch.arange(4).repeat_interleave(G).tolist(), terms=terms.tolist(), weights=weights.tolist()
+    )
     torch.testing.assert_close(gdpo(batch, eps=1e-4), trl_normalize_then_sum(terms, weights, G), atol=1e-5, rtol=0)

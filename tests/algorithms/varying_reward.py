@@ -1,5 +1,6 @@
 """A test-only reward that varies between completions of a random-weight model (whose answers are
 never correct): the share of letters in the completion that are vowels, in [0, 1]."""
+
 from rlexp.rewards.terms import RewardTerm
 
 

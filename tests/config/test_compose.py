@@ -1,4 +1,5 @@
 """Every option of every config group composes (and its _target_ imports)."""
+
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,5 @@
 """Bad input fails at start with one clear message naming the key or row."""
+
 import json
 import subprocess
 import sys
@@ -9,17 +10,20 @@ from rlexp.config.schema import ConfigError, validate
 from rlexp.runs.training import run
 
 
-@pytest.mark.parametrize("override,key", [
-    ("trainer.num_generations=1", "trainer.num_generations"),
-    ("optimizer.lr=0", "optimizer.lr"),
-    ("optimizer.lr=-1e-5", "optimizer.lr"),
-    ("trainer.max_new_tokens=0", "trainer.max_new_tokens"),
-    ("trainer.temperature=0", "trainer.temperature"),
-    ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens"),
-    ("trainer.accuracy_term=nope", "trainer.accuracy_term"),
-    ("trainer.compile=true trainer.compile_backend=inductr", "trainer.compile_backend"),
-    ("trainer.compile=true trainer.compile_mode=fast", "trainer.compile_mode"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.num_generations=1", "trainer.num_generations"),
+        ("optimizer.lr=0", "optimizer.lr"),
+        ("optimizer.lr=-1e-5", "optimizer.lr"),
+        ("trainer.max_new_tokens=0", "trainer.max_new_tokens"),
+        ("trainer.temperature=0", "trainer.temperature"),
+        ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens"),
+        ("trainer.accuracy_term=nope", "trainer.accuracy_term"),
+        ("trainer.compile=true trainer.compile_backend=inductr", "trainer.compile_backend"),
+        ("trainer.compile=true trainer.compile_mode=fast", "trainer.compile_mode"),
+    ],
+)
 def test_invalid_values_name_the_key(tiny_cfg, override, key):
     cfg = tiny_cfg(*override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -37,8 +41,11 @@ def test_unknown_trainer_key_is_rejected(tiny_cfg):
 
 
 def test_unknown_group_option_lists_valid_ones():
-    out = subprocess.run([sys.executable, "-m", "rlexp.commands.train", "algorithm=not_a_method", "--cfg", "job"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlexp.commands.train", "algorithm=not_a_method", "--cfg", "job"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0
     assert "not_a_method" in out.stderr and "Available options" in out.stderr and "grpo" in out.stderr
 

@@ -17,7 +17,8 @@ def test_a_users_config_dir_adds_a_method(tmp_path, capsys):
     """``rlexp train --config-dir <dir>``: the user's ``algorithm/my_method.yaml`` composes beside ours."""
     (tmp_path / "algorithm").mkdir()
     (tmp_path / "algorithm" / "my_method.yaml").write_text(
-        "defaults:\n  - grpo\n  - _self_\nname: my_method\nfamily: group-baseline\nloss:\n  eps_high: 0.31\n")
+        "defaults:\n  - grpo\n  - _self_\nname: my_method\nfamily: group-baseline\nloss:\n  eps_high: 0.31\n"
+    )
     from rlexp.cli import main
 
     main(["train", "--config-dir", str(tmp_path), "algorithm=my_method", "model=tiny", "--cfg", "job"])

@@ -42,8 +42,13 @@ def _targets(node, path=""):
 def _kind_of(key: str) -> Registry | None:
     """Which registry a config key's target belongs to (None: not a part, e.g. the Algorithm itself)."""
     head = key.split(".")[0].split("[")[0]
-    return {"advantage": ADVANTAGES, "loss": LOSSES, "group_stages": GROUP_STAGES, "critic": CRITICS,
-            "terms": REWARDS}.get(head)
+    return {
+        "advantage": ADVANTAGES,
+        "loss": LOSSES,
+        "group_stages": GROUP_STAGES,
+        "critic": CRITICS,
+        "terms": REWARDS,
+    }.get(head)
 
 
 ALGORITHMS = sorted(CONF.glob("algorithm/*.yaml"))
@@ -105,8 +110,12 @@ def test_string_selected_kinds_dispatch_by_name():
 
     log_ratio = torch.tensor([0.5, -1.0])
     assert torch.allclose(KL_ESTIMATORS("k3")(log_ratio), torch.exp(log_ratio) - log_ratio - 1)
-    assert set(AGGREGATIONS.names()) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                         "seq-mean-token-sum-norm"}
+    assert set(AGGREGATIONS.names()) == {
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    }
     with pytest.raises(KeyError, match="unknown loss 'nope'"):
         LOSSES.get("nope")
 

@@ -23,10 +23,20 @@ def test_gsm8k_answer_without_marker_names_the_row(tmp_path):
 
 
 def test_reasoning_gym_splits_are_deterministic_and_disjoint():
-    a = reasoning_gym_task("basic_arithmetic", seed=3, train_size=50, eval_size=20,
-                           options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
-    b = reasoning_gym_task("basic_arithmetic", seed=3, train_size=50, eval_size=20,
-                           options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+    a = reasoning_gym_task(
+        "basic_arithmetic",
+        seed=3,
+        train_size=50,
+        eval_size=20,
+        options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    )
+    b = reasoning_gym_task(
+        "basic_arithmetic",
+        seed=3,
+        train_size=50,
+        eval_size=20,
+        options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    )
     assert [r["question"] for r in a.train] == [r["question"] for r in b.train]
     assert len(a.train) == 50 and len(a.eval) == 20
     assert not {r["question"] for r in a.train} & {r["question"] for r in a.eval}
@@ -56,6 +66,9 @@ def test_sampler_order_is_seeded_and_resumable():
 def test_prompt_uses_chat_template_with_system_prompt():
     class Tok:
         def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-            return "|".join(f"{m['role']}:{m['content']}" for m in messages) + ("|assistant:" if add_generation_prompt else "")
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages) + (
+                "|assistant:" if add_generation_prompt else ""
+            )
+
     fmt = PromptFormat(system_prompt="SYS", instruction="End with ####.")
     assert fmt.render(Tok(), "1+1?") == "system:SYS|user:1+1?\nEnd with ####.|assistant:"

@@ -1,5 +1,6 @@
 """Each hub benchmark's parser, extractor and checker on a local file in the dataset's real schema
 (tests/fixtures/benchmarks), composed through the benchmark config group as `rlexp eval` does."""
+
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,11 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 
 
 def bench(tmp_path, name, fixture):
-    cfg = compose_train(["model=tiny", "tracker=none", f"benchmark={name}",
-                         f"benchmark.{name}.source.data_files={FIX / fixture}"], tmp_path / "run", "eval")
+    cfg = compose_train(
+        ["model=tiny", "tracker=none", f"benchmark={name}", f"benchmark.{name}.source.data_files={FIX / fixture}"],
+        tmp_path / "run",
+        "eval",
+    )
     return build_benchmarks(cfg.benchmark)[name]
 
 
@@ -38,11 +42,17 @@ def test_gsm8k(tmp_path):
 def test_math500_latex_fractions_and_boxed(tmp_path):
     b = bench(tmp_path, "math500", "math500_test.jsonl")
     recs = b.records()
-    assert [r["id"] for r in recs] == ["test/precalculus/807.json", "test/algebra/2584.json", "test/number_theory/572.json"]
+    assert [r["id"] for r in recs] == [
+        "test/precalculus/807.json",
+        "test/algebra/2584.json",
+        "test/number_theory/572.json",
+    ]
     assert recs[1]["answer"] == "\\frac{14}{3}" and recs[1]["metadata"] == {"subject": "Algebra", "level": 3}
-    good = ["So $(r,\\theta) = \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$.",
-            "Sum is $\\boxed{\\dfrac{14}{3}}$",
-            "There are $\\boxed{9}$ divisors."]
+    good = [
+        "So $(r,\\theta) = \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$.",
+        "Sum is $\\boxed{\\dfrac{14}{3}}$",
+        "There are $\\boxed{9}$ divisors.",
+    ]
     assert score(b, good)[1] == [1.0, 1.0, 1.0]
     alt = ["\\boxed{(3, \\pi/2)}", "\\boxed{14/3}", "\\boxed{9.0}"]
     assert score(b, alt)[1] == [1.0, 1.0, 1.0]
@@ -51,10 +61,13 @@ def test_math500_latex_fractions_and_boxed(tmp_path):
     assert scores == [0.0, 0.0, 0.0] and answers[2] is None
 
 
-@pytest.mark.parametrize("name,fixture,golds", [
-    ("aime24", "aime24_train.jsonl", ["204", "113"]),
-    ("aime25", "aime25_test.jsonl", ["70", "735"]),
-])
+@pytest.mark.parametrize(
+    "name,fixture,golds",
+    [
+        ("aime24", "aime24_train.jsonl", ["204", "113"]),
+        ("aime25", "aime25_test.jsonl", ["70", "735"]),
+    ],
+)
 def test_aime(tmp_path, name, fixture, golds):
     b = bench(tmp_path, name, fixture)
     recs = b.records()
@@ -90,10 +103,21 @@ def test_gpqa_diamond_shuffles_options_and_checks_letters(tmp_path):
     wrong = ["ABCD".replace(l, "")[0] for l in letters]
     forms = [f"\\boxed{{{letters[0]}}}", f"\\boxed{{\\text{{({letters[1]})}}}}"]
     assert score(b, forms)[1] == [1.0, 1.0]
-    assert score(b, [f"Thinking... The answer is ({letters[0]}).", f"{letters[1]}) is right, so \\boxed{{{letters[1]}) sp3}}"])[1] == [1.0, 1.0]
+    assert score(
+        b, [f"Thinking... The answer is ({letters[0]}).", f"{letters[1]}) is right, so \\boxed{{{letters[1]}) sp3}}"]
+    )[1] == [1.0, 1.0]
     assert score(b, [f"\\boxed{{{w}}}" for w in wrong])[1] == [0.0, 0.0]
-    rows = [{"Question": "q", "Correct Answer": "right", "Incorrect Answer 1": "w1", "Incorrect Answer 2": "w2",
-             "Incorrect Answer 3": "w3", "Record ID": f"r{i}"} for i in range(40)]
+    rows = [
+        {
+            "Question": "q",
+            "Correct Answer": "right",
+            "Incorrect Answer 1": "w1",
+            "Incorrect Answer 2": "w2",
+            "Incorrect Answer 3": "w3",
+            "Record ID": f"r{i}",
+        }
+        for i in range(40)
+    ]
     shuffled = parse_rows(rows, "gpqa", "rows", seed=0)
     assert len({r["answer"] for r in shuffled}) == 4  # the correct option is not always A
 
@@ -116,6 +140,7 @@ def test_hub_failure_says_how_to_go_offline(monkeypatch):
 
     def offline(*a, **k):
         raise ConnectionError("no network")
+
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match="data_files"):
         HubSource("math500", path="HuggingFaceH4/MATH-500", split="test")()

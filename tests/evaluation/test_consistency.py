@@ -1,6 +1,7 @@
 """Consistency rates on hand-built completions whose reasoning does / does not support the stated
 answer. The re-derivation plumbing uses a controlled judge that finishes from the reasoning it is
 given (the last number in it); the real-model checks run SmolLM2-135M (slow)."""
+
 import math
 import re
 from types import SimpleNamespace
@@ -41,15 +42,25 @@ class LastNumberJudge:
 def measure(completions, fmt, judge=None, **kw):
     meter = ConsistencyMeter(judge="policy", likelihood=False, **kw)
     ex, ch = AnswerExtractor(fmt), AnswerChecker("math")
-    return meter.measure(None, None, ["PROMPT|"] * len(completions), completions, fmt, ex.strict,
-                         lambda a, b, i: ch.equivalent(a, b, {}), rollout=judge or LastNumberJudge())
+    return meter.measure(
+        None,
+        None,
+        ["PROMPT|"] * len(completions),
+        completions,
+        fmt,
+        ex.strict,
+        lambda a, b, i: ch.equivalent(a, b, {}),
+        rollout=judge or LastNumberJudge(),
+    )
 
 
 def test_rederivation_hash():
-    comps = ["3 + 4 = 7.\n#### 7",      # supported
-             "3 + 4 = 7.\n#### 9",      # contradicted by its own reasoning
-             "I have no idea.",         # no answer: inconsistent, counted separately
-             "12 / 16 = 3/4 so 0.75\n#### 0.75"]
+    comps = [
+        "3 + 4 = 7.\n#### 7",  # supported
+        "3 + 4 = 7.\n#### 9",  # contradicted by its own reasoning
+        "I have no idea.",  # no answer: inconsistent, counted separately
+        "12 / 16 = 3/4 so 0.75\n#### 0.75",
+    ]
     judge = LastNumberJudge()
     m, per = measure(comps, "hash", judge)
     assert [p["rederive_consistent"] for p in per] == [True, False, False, False]
@@ -100,6 +111,7 @@ def tiny():
 
     from rlexp.config.paths import CONF_DIR
     from rlexp.models.loading import load_model
+
     return load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
 
 
@@ -116,13 +128,15 @@ def test_likelihood_counts_missing_answers_as_inconsistent(tiny):
         assert all(0 < p["likelihood"] <= 1 for p in (per[0], per[2]))
         assert m["consistency/likelihood_mean"] == pytest.approx((per[0]["likelihood"] + per[2]["likelihood"]) / 2)
         assert m["consistency/no_answer_frac"] == pytest.approx(1 / 3)
-    none = ConsistencyMeter(judge="policy", rederive=False).measure(tiny.model, tiny.tokenizer, ["q"], ["x"], "hash",
-                                                                    ex.strict, eq)[0]
+    none = ConsistencyMeter(judge="policy", rederive=False).measure(
+        tiny.model, tiny.tokenizer, ["q"], ["x"], "hash", ex.strict, eq
+    )[0]
     assert math.isnan(none["consistency/likelihood_mean"]) and none["consistency/likelihood_rate"] == 0
 
 
 def test_bind_reuses_a_frozen_reference_or_freezes_a_copy(tiny):
     from rlexp.algorithms.regularisers.reference import ReferenceModel
+
     meter = ConsistencyMeter()
     ref = ReferenceModel(tiny.model, "frozen")
     meter.bind(tiny.model, ref)
@@ -151,18 +165,28 @@ def test_real_model_rederives_and_prefers_supported_answers():
     from rlexp.config.paths import CONF_DIR
     from rlexp.data.prompts import PromptFormat
     from rlexp.models.loading import load_model
+
     lm = load_model(OmegaConf.load(f"{CONF_DIR}/model/smollm2_135m.yaml"), torch.device("cpu"))
     hash_prompt = OmegaConf.load(f"{CONF_DIR}/prompt/hash.yaml")
     pf = PromptFormat(hash_prompt.system_prompt, hash_prompt.instruction, "hash")
-    cases = [("What is 23 + 45?", "23 + 45 = 68.\n#### 68", True),
-             ("What is 23 + 45?", "23 + 45 = 68.\n#### 91", False),
-             ("What is 6 * 7?", "6 * 7 = 42, so the answer is \\boxed{42}", True),
-             ("What is 6 * 7?", "6 * 7 = 42, so the answer is \\boxed{24}", False)]
+    cases = [
+        ("What is 23 + 45?", "23 + 45 = 68.\n#### 68", True),
+        ("What is 23 + 45?", "23 + 45 = 68.\n#### 91", False),
+        ("What is 6 * 7?", "6 * 7 = 42, so the answer is \\boxed{42}", True),
+        ("What is 6 * 7?", "6 * 7 = 42, so the answer is \\boxed{24}", False),
+    ]
     prompts = [pf.render(lm.tokenizer, q) for q, _, _ in cases]
     ex, ch = AnswerExtractor("auto"), AnswerChecker("math")
     meter = ConsistencyMeter(judge="policy", threshold=0.5)
-    m, per = meter.measure(lm.model, lm.tokenizer, prompts, [c for _, c, _ in cases], "auto", ex.strict,
-                           lambda a, b, i: ch.equivalent(a, b, {}))
+    m, per = meter.measure(
+        lm.model,
+        lm.tokenizer,
+        prompts,
+        [c for _, c, _ in cases],
+        "auto",
+        ex.strict,
+        lambda a, b, i: ch.equivalent(a, b, {}),
+    )
     assert [p["rederive_consistent"] for p in per] == [c for _, _, c in cases]
     assert per[0]["likelihood"] > 0.5 > per[1]["likelihood"]
     assert per[2]["likelihood"] > 0.5 > per[3]["likelihood"]

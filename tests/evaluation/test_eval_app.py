@@ -1,5 +1,6 @@
 """`rlexp eval` end to end on the tiny model (its outputs are noise; what is tested is that the
 numbers logged to MLflow, the summary and the per-problem JSONL agree with each other)."""
+
 import json
 
 import pytest
@@ -18,6 +19,7 @@ def local_mlflow(monkeypatch):
 
 def mlflow_metrics(run_dir):
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlruns.db")
     exp = client.get_experiment_by_name("rlexp")
     (run,) = client.search_runs([exp.experiment_id])
@@ -26,14 +28,29 @@ def mlflow_metrics(run_dir):
 
 def test_offline_suite_logs_pass_maj_consistency_length_to_mlflow(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = compose_train([*TINY_EVAL, "benchmark=offline", "eval.n=4", "eval.limit=3", "tracker=mlflow"], run_dir, "eval")
+    cfg = compose_train(
+        [*TINY_EVAL, "benchmark=offline", "eval.n=4", "eval.limit=3", "tracker=mlflow"], run_dir, "eval"
+    )
     result = run_eval(cfg)
     m = result.metrics
     names = ["rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic"]
     for b in names:
-        for key in ["pass_at_1", "pass_at_2", "pass_at_3", "pass_at_4", "maj_at_4", "accuracy", "pass_at_1_ci_low",
-                    "pass_at_1_ci_high", "length/mean", "length/median", "length/truncated_frac",
-                    "consistency/rederive_rate", "consistency/likelihood_rate", "consistency/no_answer_frac"]:
+        for key in [
+            "pass_at_1",
+            "pass_at_2",
+            "pass_at_3",
+            "pass_at_4",
+            "maj_at_4",
+            "accuracy",
+            "pass_at_1_ci_low",
+            "pass_at_1_ci_high",
+            "length/mean",
+            "length/median",
+            "length/truncated_frac",
+            "consistency/rederive_rate",
+            "consistency/likelihood_rate",
+            "consistency/no_answer_frac",
+        ]:
             assert f"eval/{b}/{key}" in m, (b, key)
         # the per-problem file agrees with the logged numbers
         rows = [json.loads(l) for l in (run_dir / "eval" / f"{b}.jsonl").read_text().splitlines()]
@@ -53,8 +70,12 @@ def test_offline_suite_logs_pass_maj_consistency_length_to_mlflow(tmp_path):
     assert summary["step"] == 0 and summary["metrics"].keys() == m.keys()
     client, run = mlflow_metrics(run_dir)
     logged = run.data.metrics
-    for key in ("eval/rg_chain_sum/pass_at_4", "eval/rg_chain_sum/maj_at_4", "eval/rg_chain_sum/consistency/rederive_rate",
-                "eval/rg_chain_sum/length/mean"):
+    for key in (
+        "eval/rg_chain_sum/pass_at_4",
+        "eval/rg_chain_sum/maj_at_4",
+        "eval/rg_chain_sum/consistency/rederive_rate",
+        "eval/rg_chain_sum/length/mean",
+    ):
         assert logged[key] == pytest.approx(m[key])
     assert not any("@" in k for k in logged)
     assert run.data.tags["kind"] == "eval" and run.info.status == "FINISHED"
@@ -64,8 +85,19 @@ def test_offline_suite_logs_pass_maj_consistency_length_to_mlflow(tmp_path):
 
 def test_humaneval_executes_generated_code(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = compose_train([*TINY_EVAL, "benchmark=humaneval", "eval.n=2", "eval.limit=2", "tracker=none",
-                         "benchmark.humaneval.checker.timeout=3", "eval.max_new_tokens=12"], run_dir, "eval")
+    cfg = compose_train(
+        [
+            *TINY_EVAL,
+            "benchmark=humaneval",
+            "eval.n=2",
+            "eval.limit=2",
+            "tracker=none",
+            "benchmark.humaneval.checker.timeout=3",
+            "eval.max_new_tokens=12",
+        ],
+        run_dir,
+        "eval",
+    )
     m = run_eval(cfg).metrics
     rows = [json.loads(l) for l in (run_dir / "eval" / "humaneval.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["HumanEval/0", "HumanEval/1"]
@@ -78,14 +110,25 @@ def test_humaneval_executes_generated_code(tmp_path):
 
 def test_checkpoint_of_a_training_run_is_evaluated_at_its_step(tmp_path, tiny_cfg):
     from rlexp.runs.training import run
+
     train_cfg = tiny_cfg("trainer.max_steps=1", "trainer.checkpoint_every=1")
     run(train_cfg)
     train_dir = tmp_path / "run"
     model_dir, step = resolve_checkpoint(str(train_dir))
     assert model_dir == train_dir / "checkpoints" / "last" / "model" and step == 1
     eval_dir = tmp_path / "eval"
-    cfg = compose_train([*TINY_EVAL, "benchmark=rg_basic_arithmetic", "eval.n=2", "eval.limit=2", "tracker=none",
-                         f"eval.checkpoint={train_dir}"], eval_dir, "eval")
+    cfg = compose_train(
+        [
+            *TINY_EVAL,
+            "benchmark=rg_basic_arithmetic",
+            "eval.n=2",
+            "eval.limit=2",
+            "tracker=none",
+            f"eval.checkpoint={train_dir}",
+        ],
+        eval_dir,
+        "eval",
+    )
     run_eval(cfg)
     (row,) = [json.loads(l) for l in (eval_dir / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and "eval/rg_basic_arithmetic/pass_at_2" in row
@@ -97,10 +140,13 @@ def test_errors_name_the_key(tmp_path):
     cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "eval.n=0", "tracker=none"], tmp_path / "r", "eval")
     with pytest.raises(ValueError, match="eval.n=0"):
         run_eval(cfg)
-    cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "eval.maj_tie=coin", "tracker=none"], tmp_path / "r3", "eval")
+    cfg = compose_train(
+        [*TINY_EVAL, "benchmark=rg_chain_sum", "eval.maj_tie=coin", "tracker=none"], tmp_path / "r3", "eval"
+    )
     with pytest.raises(ValueError, match="eval.maj_tie"):
         run_eval(cfg)
-    cfg = compose_train([*TINY_EVAL, "benchmark=rg_chain_sum", "consistency.judge=oracle", "tracker=none"],
-                        tmp_path / "r2", "eval")
+    cfg = compose_train(
+        [*TINY_EVAL, "benchmark=rg_chain_sum", "consistency.judge=oracle", "tracker=none"], tmp_path / "r2", "eval"
+    )
     with pytest.raises(ValueError, match="consistency.judge"):
         run_eval(cfg)

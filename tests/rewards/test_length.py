@@ -1,4 +1,5 @@
 """Kimi k1.5 length reward (rlexp.rewards.length), values computed by hand."""
+
 import math
 
 import pytest
@@ -31,14 +32,24 @@ def test_kimi_length_reward_groups_by_id_not_position():
 
 
 def _sample(text, answer, group, tokens, scorer="exact"):
-    return Sample(prompt="q", completion=text, record={"answer": answer, "scorer": scorer, "id": "r"},
-                  group=group, num_tokens=tokens, truncated=False)
+    return Sample(
+        prompt="q",
+        completion=text,
+        record={"answer": answer, "scorer": scorer, "id": "r"},
+        group=group,
+        num_tokens=tokens,
+        truncated=False,
+    )
 
 
 def test_length_penalty_term_scores_correctness_and_length():
     term = LengthPenalty(weight=0.7, answer_format="hash", fallback_last_number=False)
-    samples = [_sample("a\n#### 4", "4", 0, 12), _sample("b\n#### 4", "4", 0, 20),
-               _sample("c\n#### 5", "4", 0, 4), _sample("no answer", "4", 0, 28)]
+    samples = [
+        _sample("a\n#### 4", "4", 0, 12),
+        _sample("b\n#### 4", "4", 0, 20),
+        _sample("c\n#### 5", "4", 0, 4),
+        _sample("no answer", "4", 0, 28),
+    ]
     res = term(samples)
     # min 4, max 28, span 24: lambda = 0.5 - (len-4)/24 = [1/6, -1/6, 0.5, -0.5]
     # correct: rows 0, 1 -> lambda; wrong: row 2 -> min(0, 0.5) = 0, row 3 -> -0.5

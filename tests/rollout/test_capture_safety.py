@@ -4,6 +4,7 @@ arguments. So two consecutive ``StaticDecodeState.advance()`` calls must dispatc
 sequence with identical non-tensor arguments (no Python-side step counter baked in), read only
 storages that live across calls (state buffers, the static cache, the weights), make no tensor from
 host data, and never synchronise (tests/trainer/test_host_syncs.py)."""
+
 import pytest
 import torch
 

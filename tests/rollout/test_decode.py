@@ -14,21 +14,33 @@ def test_greedy_loop_equals_generate(tiny, cache, graph):
     buffer-state steps (run eagerly on the CPU; 12 tokens = one block of 8 and a partial one)."""
     prompts = chat_prompts(tiny.tokenizer)
     ref = HFRollout(max_new_tokens=12, engine="generate").generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
-    out = HFRollout(max_new_tokens=12, engine="loop", cache_implementation=cache, decode_graph=graph,
-                    pad_to_multiple_of=64 if cache else None).generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
+    out = HFRollout(
+        max_new_tokens=12,
+        engine="loop",
+        cache_implementation=cache,
+        decode_graph=graph,
+        pad_to_multiple_of=64 if cache else None,
+    ).generate(tiny.model, tiny.tokenizer, prompts, 2, greedy=True)
     assert torch.equal(out.completion_ids, ref.completion_ids)
     assert torch.equal(out.completion_mask, ref.completion_mask)
     assert torch.allclose(out.logprobs, ref.logprobs, atol=1e-5)
     assert out.texts == ref.texts
 
 
-@pytest.mark.parametrize("top_k,top_p,cache,graph", [(0, 1.0, None, None), (20, 0.9, None, None),
-                                                    (20, 0.9, "static", "capture")])
+@pytest.mark.parametrize(
+    "top_k,top_p,cache,graph", [(0, 1.0, None, None), (20, 0.9, None, None), (20, 0.9, "static", "capture")]
+)
 def test_loop_sampling_logprobs_equal_training_forward(tiny, top_k, top_p, cache, graph):
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=10, temperature=0.7, top_k=top_k, top_p=top_p, engine="loop",
-                    cache_implementation=cache, decode_graph=graph).generate(
-        tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 4)
+    out = HFRollout(
+        max_new_tokens=10,
+        temperature=0.7,
+        top_k=top_k,
+        top_p=top_p,
+        engine="loop",
+        cache_implementation=cache,
+        decode_graph=graph,
+    ).generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 4)
     assert out.completion_ids.shape[0] == 12 and out.prompt_ids.shape[0] == 12
     lp, _ = token_logprobs(tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 0.7)
     assert float(((lp - out.logprobs) * out.completion_mask).abs().max()) < 1e-4
@@ -41,14 +53,17 @@ def test_captured_steps_stop_where_the_loop_stops(tiny):
     finished), even though they run whole blocks of k = 4 steps; and a second rollout reusing the
     state gives the same again."""
     from rlexp.rollout.decode import DecodeLoop
+
     tok = tiny.tokenizer
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
     greedy = Sampling(greedy=True)
-    first = DecodeLoop(static=True).run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, [-1],
-                                        tok.pad_token_id, greedy)[0]
-    eos = sorted({int(first[r, 2 + r % 4]) for r in range(first.shape[0])})   # every row ends by token 6
-    eager = DecodeLoop(static=True).run(tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, eos,
-                                        tok.pad_token_id, greedy)
+    first = DecodeLoop(static=True).run(
+        tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, [-1], tok.pad_token_id, greedy
+    )[0]
+    eos = sorted({int(first[r, 2 + r % 4]) for r in range(first.shape[0])})  # every row ends by token 6
+    eager = DecodeLoop(static=True).run(
+        tiny.model, enc["input_ids"], enc["attention_mask"], 2, 16, eos, tok.pad_token_id, greedy
+    )
     assert eager[0].shape[1] < 16
     loop = DecodeLoop(static=True, graph="capture", stop_check_every=4)
     for _ in range(2):
@@ -63,6 +78,7 @@ def test_compiled_captured_steps_equal_the_eager_loop(tiny, backend):
     backend checks the tracing fast) or compiled by Inductor (slow) gives the eager loop's greedy
     tokens and log-probs, twice (no recompilation changes them)."""
     from rlexp.rollout.decode import DecodeLoop
+
     tok = tiny.tokenizer
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64)
     args = (enc["input_ids"], enc["attention_mask"], 2, 12, [-1], tok.pad_token_id, Sampling(greedy=True))
@@ -93,10 +109,12 @@ def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
     import copy
 
     from rlexp.rollout.decode import DecodeLoop
+
     model = copy.deepcopy(tiny.model).to("cuda")
     tok = tiny.tokenizer
-    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False,
-              pad_to_multiple_of=64).to("cuda")
+    enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False, pad_to_multiple_of=64).to(
+        "cuda"
+    )
     s = Sampling(greedy=greedy)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     eager = DecodeLoop(static=True).run(model, ids, mask, 4, 20, [-1], tok.pad_token_id, s)
@@ -110,11 +128,15 @@ def test_captured_cuda_graph_equals_eager_steps(tiny, greedy, graph):
 
 def test_loop_micro_batches_wholechat_prompts(tiny):
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=6, micro_batch=4, engine="loop").generate(tiny.model, tiny.tokenizer,
-                                                                             chat_prompts(tiny.tokenizer), 2)
+    out = HFRollout(max_new_tokens=6, micro_batch=4, engine="loop").generate(
+        tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2
+    )
     assert out.completion_ids.shape[0] == 6
-    assert int(out.prompt_mask.sum()) == sum(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])
-                                             for p in chat_prompts(tiny.tokenizer) for _ in range(2))
+    assert int(out.prompt_mask.sum()) == sum(
+        len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])
+        for p in chat_prompts(tiny.tokenizer)
+        for _ in range(2)
+    )
 
 
 def test_pick_tokens_filters_and_logprobs():
@@ -131,7 +153,7 @@ def test_pick_tokens_filters_and_logprobs():
     tok, lp = pick_tokens(logits, Sampling(top_p=0.5))
     assert set(tok.tolist()) == {2, 3}
     assert torch.allclose(lp, probs.log()[tok])
-    share3 = tok.eq(3).float().mean().item()   # renormalised: 0.4 / 0.7
+    share3 = tok.eq(3).float().mean().item()  # renormalised: 0.4 / 0.7
     assert share3 == pytest.approx(4 / 7, abs=0.03)
 
 
@@ -175,7 +197,9 @@ def test_rows_after_eos_are_padding_and_loop_stops_early(tiny):
     bias[eos] = 100.0
     handle = model.lm_head.register_forward_hook(lambda m, i, o: o + bias)
     try:
-        out = HFRollout(max_new_tokens=8, engine="loop").generate(model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2)
+        out = HFRollout(max_new_tokens=8, engine="loop").generate(
+            model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2
+        )
     finally:
         handle.remove()
     assert out.completion_ids.shape[1] == 1 and out.completion_mask.eq(1).all() and not out.truncated.any()

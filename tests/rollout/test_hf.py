@@ -21,7 +21,9 @@ def test_recorded_sampling_logprobs_equal_training_forward(tiny, temperature):
     rollout = HFRollout(max_new_tokens=10, temperature=temperature, engine="generate")
     out = rollout.generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), num_generations=2)
     assert out.completion_ids.shape[0] == 6 and len(out.texts) == 6
-    lp, _ = token_logprobs(tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, temperature)
+    lp, _ = token_logprobs(
+        tiny.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, temperature
+    )
     diff = ((lp - out.logprobs) * out.completion_mask).abs().max()
     assert float(diff) < 1e-4
     assert bool((out.logprobs * (1 - out.completion_mask)).eq(0).all())
@@ -29,11 +31,16 @@ def test_recorded_sampling_logprobs_equal_training_forward(tiny, temperature):
 
 def test_micro_batched_generation_concatenates(tiny):
     torch.manual_seed(0)
-    out = HFRollout(max_new_tokens=6, micro_batch=4, engine="generate").generate(tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2)
+    out = HFRollout(max_new_tokens=6, micro_batch=4, engine="generate").generate(
+        tiny.model, tiny.tokenizer, chat_prompts(tiny.tokenizer), 2
+    )
     assert out.completion_ids.shape[0] == 6 and out.prompt_ids.shape[0] == 6
     assert set(out.completion_mask.unique().tolist()) <= {0, 1}
-    assert int(out.prompt_mask.sum()) == sum(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])
-                                             for p in chat_prompts(tiny.tokenizer) for _ in range(2))
+    assert int(out.prompt_mask.sum()) == sum(
+        len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"])
+        for p in chat_prompts(tiny.tokenizer)
+        for _ in range(2)
+    )
 
 
 def test_invalid_settings_name_the_key():
@@ -56,7 +63,7 @@ def test_auto_inference_dtype_copies_the_policy_only_under_autocast(tiny):
         tiny.model.lm_head.weight.add_(1.0)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            rollout.inference_model(tiny.model)       # refreshed from the policy before each rollout
+            rollout.inference_model(tiny.model)  # refreshed from the policy before each rollout
         assert torch.equal(shadow.lm_head.weight, tiny.model.lm_head.weight.to(torch.bfloat16))
     finally:
         with torch.no_grad():

@@ -2,6 +2,7 @@
 config composes, the backend constructs without vllm, and using it says what is missing. The GPU test
 (skipped without vllm and CUDA) checks the recorded log-probs against the training forward after a
 weight push."""
+
 import importlib.util
 from pathlib import Path
 
@@ -32,11 +33,12 @@ def test_vllm_rollout_composes_and_names_what_it_needs(tiny, tmp_path):
 @pytest.mark.skipif(not (HAVE_VLLM and torch.cuda.is_available()), reason="needs vllm and CUDA")
 def test_vllm_logprobs_match_the_training_forward_after_a_weight_push(tiny, tmp_path):
     import copy
+
     model = copy.deepcopy(tiny.model).to("cuda")
     model.save_pretrained(tmp_path / "tiny")
     tiny.tokenizer.save_pretrained(tmp_path / "tiny")
     model.name_or_path = str(Path(tmp_path / "tiny"))
-    with torch.no_grad():   # the engine must sample from these weights, not the saved ones
+    with torch.no_grad():  # the engine must sample from these weights, not the saved ones
         for p in model.parameters():
             p.mul_(1.05)
     rollout = VLLMRollout(max_new_tokens=12, temperature=0.8, dtype="float32", gpu_memory_utilization=0.2)

@@ -1,4 +1,5 @@
 """The training side of a sweep: which runs get a trial reporter, and the checks it makes first."""
+
 import os
 
 import optuna
@@ -13,8 +14,11 @@ from rlexp.sweeping.callback import TrialReporter, sweep_callbacks
 def running_trial(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
-    for key, value in {"objectives": ["eval/accuracy"], "report_metric": "eval/accuracy",
-                       "pruner": {"_target_": "optuna.pruners.MedianPruner"}}.items():
+    for key, value in {
+        "objectives": ["eval/accuracy"],
+        "report_metric": "eval/accuracy",
+        "pruner": {"_target_": "optuna.pruners.MedianPruner"},
+    }.items():
         study.set_user_attr(key, value)
     return storage, study, study.ask()
 

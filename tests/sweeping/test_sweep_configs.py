@@ -1,6 +1,7 @@
 """The ready-made sweeps (conf/sweep/*.yaml, `rlexp train -m +sweep=<name>`): each composes with the
 rlexp_optuna sweeper, every searched key exists in the train config, and its search space parses;
 g_vs_prompts keeps the sample budget; one of them runs end to end on the tiny model."""
+
 import sys
 from pathlib import Path
 
@@ -55,12 +56,14 @@ def test_grpo_lr_clip_keeps_the_clip_range_symmetric():
 
 def test_fixed_sample_budget_derives_prompts_per_step():
     cfg = compose_sweep("g_vs_prompts", "trainer.prompts_per_step=8", "trainer.num_generations=8")
+
     def trial_with(g):
         study = optuna.create_study()
         study.enqueue_trial({"trainer.num_generations": g})
         trial = study.ask()
         trial.suggest_categorical("trainer.num_generations", [2, 3, 4, 8, 16, 32])
         return trial
+
     for g in (2, 4, 8, 16, 32):
         assert fixed_sample_budget(cfg, trial_with(g)) == {"trainer.prompts_per_step": 64 // g}
     with pytest.raises(ValueError, match="trainer.num_generations=3 does not divide the budget of 64"):
@@ -69,16 +72,34 @@ def test_fixed_sample_budget_derives_prompts_per_step():
 
 def test_g_vs_prompts_runs_on_the_tiny_model(tmp_path, monkeypatch):
     from rlexp.cli import main
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     threads = torch.get_num_threads()
     try:
-        main(["train", "-m", "+sweep=g_vs_prompts", f"hydra.sweep.dir={tmp_path}/g", "hydra.sweeper.plots=false",
-              "trainer.num_generations=choice(2,4)", "trainer.prompts_per_step=1",
-              "model=tiny", "trainer.max_steps=2", "trainer.max_new_tokens=4",
-              "trainer.micro_batch_size=8", "trainer.num_threads=1", "tracker=none", "trainer.progress=false",
-              "dataset.train_size=32", "dataset.eval_size=4", "eval.size=2", "trainer.eval_every=1",
-              "trainer.checkpoint_every=0"])
+        main(
+            [
+                "train",
+                "-m",
+                "+sweep=g_vs_prompts",
+                f"hydra.sweep.dir={tmp_path}/g",
+                "hydra.sweeper.plots=false",
+                "trainer.num_generations=choice(2,4)",
+                "trainer.prompts_per_step=1",
+                "model=tiny",
+                "trainer.max_steps=2",
+                "trainer.max_new_tokens=4",
+                "trainer.micro_batch_size=8",
+                "trainer.num_threads=1",
+                "tracker=none",
+                "trainer.progress=false",
+                "dataset.train_size=32",
+                "dataset.eval_size=4",
+                "eval.size=2",
+                "trainer.eval_every=1",
+                "trainer.checkpoint_every=0",
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     study = optuna.load_study(study_name="g_vs_prompts", storage=f"sqlite:///{tmp_path}/g/g_vs_prompts.db")

@@ -1,5 +1,6 @@
 """The Hydra plugin: discovery, its config groups, and every sampler/pruner option instantiating on
 Optuna 5 and driving a short sweep."""
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -54,16 +55,21 @@ def test_every_sampler_option_instantiates_seeded(name):
 def seeded_sweep_params(name, tmp_path):
     s = compose_hydra("hydra/sweeper=rlexp_optuna", f"hydra/sweeper/sampler={name}", "hydra.sweeper.sampler.seed=7")
     sampler = OmegaConf.to_container(s.sampler)
-    params = {"x": "choice(0.0, 0.5, 1.0)", "y": "range(1, 3)"} if name == "grid" else \
-        {"x": "interval(0, 1)", "y": "int(interval(1, 3))"}
+    params = (
+        {"x": "choice(0.0, 0.5, 1.0)", "y": "range(1, 3)"}
+        if name == "grid"
+        else {"x": "interval(0, 1)", "y": "int(interval(1, 3))"}
+    )
 
     def run(subdir):
-        sweep, _ = make_sweep(tmp_path / subdir, lambda v: {"score": v["x"] + v["y"]}, sampler=sampler, params=params,
-                              n_trials=4)
+        sweep, _ = make_sweep(
+            tmp_path / subdir, lambda v: {"score": v["x"] + v["y"]}, sampler=sampler, params=params, n_trials=4
+        )
         sweep.run([])
         trials = load(tmp_path / subdir).trials
         assert all(t.state == TrialState.COMPLETE for t in trials)
         return [t.params for t in trials]
+
     return run("a"), run("b")
 
 
@@ -81,6 +87,7 @@ def test_every_sampler_runs_a_reproducible_seeded_sweep(name, tmp_path):
 
 def test_groups_are_registered_under_the_upstream_names():
     from hydra.core.config_store import ConfigStore
+
     repo = ConfigStore.instance().repo["hydra"]
     assert "rlexp_optuna.yaml" in repo["sweeper"]
     assert {f"{n}.yaml" for n in SAMPLERS} <= set(repo["sweeper"]["sampler"])

@@ -2,6 +2,7 @@
 of their overrides: failure tolerance, asynchronous launches, the study-wide budget shared by workers
 and resumes, recovery of interrupted trials, pruning through the trial callback. The real training
 jobs are exercised end to end in test_sweep_tiny.py."""
+
 import threading
 import time
 
@@ -19,11 +20,24 @@ from rlexp.sweeping.storage import default_storage
 
 
 def settings(**kw):
-    base = dict(sampler={"_target_": "optuna.samplers.RandomSampler", "seed": 0},
-                pruner={"_target_": "optuna.pruners.NopPruner"}, direction="maximize", objective="score",
-                report_metric=None, storage=None, study_name="s", n_trials=4, n_jobs=1, max_failure_rate=0.25,
-                params={"x": "interval(0, 1)"}, custom_search_space=None, heartbeat_interval=30.0,
-                grace_period=None, plots=False, trial_key="trial")
+    base = dict(
+        sampler={"_target_": "optuna.samplers.RandomSampler", "seed": 0},
+        pruner={"_target_": "optuna.pruners.NopPruner"},
+        direction="maximize",
+        objective="score",
+        report_metric=None,
+        storage=None,
+        study_name="s",
+        n_trials=4,
+        n_jobs=1,
+        max_failure_rate=0.25,
+        params={"x": "interval(0, 1)"},
+        custom_search_space=None,
+        heartbeat_interval=30.0,
+        grace_period=None,
+        plots=False,
+        trial_key="trial",
+    )
     base.update(kw)
     return OmegaConf.create(base)
 
@@ -44,8 +58,11 @@ class FakeLauncher:
             with self.lock:
                 self.launched.append(idx)
             values = {o.get_key_element(): o.value() for o in OverridesParser.create().parse_overrides(list(overrides))}
-            ret = JobReturn(overrides=overrides, task_name="train",
-                            hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": f"{self.sweep_dir}/{idx}"}}}))
+            ret = JobReturn(
+                overrides=overrides,
+                task_name="train",
+                hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": f"{self.sweep_dir}/{idx}"}}}),
+            )
             start = time.monotonic()
             try:
                 ret.return_value = self.job(values)
@@ -73,8 +90,15 @@ def test_a_failing_trial_is_recorded_fail_with_its_error_and_the_sweep_goes_on(t
         if v["x"] == 2:
             raise ValueError("optimizer.lr=-1.0: must be > 0")
         return {"score": float(v["x"])}
-    sweep, launcher = make_sweep(tmp_path, job, sampler={"_target_": "optuna.samplers.GridSampler", "seed": 0},
-                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=10, max_failure_rate=0.25)
+
+    sweep, launcher = make_sweep(
+        tmp_path,
+        job,
+        sampler={"_target_": "optuna.samplers.GridSampler", "seed": 0},
+        params={"x": "choice(1, 2, 3, 4)"},
+        n_trials=10,
+        max_failure_rate=0.25,
+    )
     results = sweep.run([])
     study = load(tmp_path)
     states = {t.params["x"]: t.state for t in study.trials}
@@ -84,7 +108,9 @@ def test_a_failing_trial_is_recorded_fail_with_its_error_and_the_sweep_goes_on(t
     assert failed.user_attrs["error"] == "ValueError: optimizer.lr=-1.0: must be > 0"
     assert "Traceback" in failed.user_attrs["traceback"]
     assert results["best_params"] == {"x": 4} and results["best_value"] == 4.0
-    assert (tmp_path / "optimization_results.yaml").exists() and "optimizer.lr=-1.0" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "optimization_results.yaml").exists() and "optimizer.lr=-1.0" in (
+        tmp_path / "summary.md"
+    ).read_text()
 
 
 def test_more_failures_than_the_rate_allows_stop_the_sweep_with_an_error_naming_the_key(tmp_path):
@@ -96,8 +122,13 @@ def test_more_failures_than_the_rate_allows_stop_the_sweep_with_an_error_naming_
 
 
 def test_missing_objective_metric_fails_the_trial_naming_the_metric(tmp_path):
-    sweep, _ = make_sweep(tmp_path, lambda v: {"eval/acuracy": 1.0, "reward/mean": 0.5}, objective="eval/accuracy",
-                          n_trials=1, max_failure_rate=1.0)
+    sweep, _ = make_sweep(
+        tmp_path,
+        lambda v: {"eval/acuracy": 1.0, "reward/mean": 0.5},
+        objective="eval/accuracy",
+        n_trials=1,
+        max_failure_rate=1.0,
+    )
     sweep.run([])
     err = load(tmp_path).trials[0].user_attrs["error"]
     assert "hydra.sweeper.objective" in err and "'eval/accuracy'" in err and "eval/acuracy" in err
@@ -119,6 +150,7 @@ def test_trials_start_as_soon_as_a_slot_frees_no_batch_barrier(tmp_path):
         if v["trial.number"] == 0:  # the slow trial: still running while the other slot serves trials 1..4
             return {"score": float(others_started.wait(timeout=120))}
         return {"score": v["x"]}
+
     sweep, launcher = make_sweep(tmp_path, job, sequential=False, n_jobs=2, n_trials=5)
     sweep.run([])
     # with batches of n_jobs=2, trial 2 would wait for trial 0 to end, and trial 0 would time out
@@ -128,12 +160,14 @@ def test_trials_start_as_soon_as_a_slot_frees_no_batch_barrier(tmp_path):
 
 def test_resume_continues_numbering_and_repeats_no_finished_trial(tmp_path):
     grid = {"_target_": "optuna.samplers.GridSampler", "seed": 1}
-    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, sampler=grid,
-                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=2)
+    sweep, launcher = make_sweep(
+        tmp_path, lambda v: {"score": v["x"]}, sampler=grid, params={"x": "choice(1, 2, 3, 4)"}, n_trials=2
+    )
     sweep.run([])
     assert launcher.launched == [0, 1]
-    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, sampler=grid,
-                                 params={"x": "choice(1, 2, 3, 4)"}, n_trials=4)
+    sweep, launcher = make_sweep(
+        tmp_path, lambda v: {"score": v["x"]}, sampler=grid, params={"x": "choice(1, 2, 3, 4)"}, n_trials=4
+    )
     sweep.run([])
     assert launcher.launched == [2, 3]
     # the grid sampler read the finished trials from the storage: the four trials cover the grid once
@@ -150,6 +184,7 @@ def test_two_workers_on_one_storage_share_the_budget(tmp_path):
         sweep, launcher = make_sweep(tmp_path, lambda v: (time.sleep(0.05), {"score": v["x"]})[1], n_trials=6)
         sweep.run([])
         runs.append(launcher.launched)
+
     threads = [threading.Thread(target=worker) for _ in range(2)]
     for t in threads:
         t.start()
@@ -211,8 +246,10 @@ def test_pruned_jobs_are_told_pruned_with_their_last_value_and_tagged(tmp_path):
             if reporter.on_step_end(step, {"score": v["x"] * step / 5}, {}):
                 break
         return {"score": v["x"] * step / 5}
-    sweep, _ = make_sweep(tmp_path, job, n_trials=8,
-                          pruner={"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 2})
+
+    sweep, _ = make_sweep(
+        tmp_path, job, n_trials=8, pruner={"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 2}
+    )
     sweep.run([])
     trials = load(tmp_path).trials
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
@@ -229,8 +266,13 @@ def test_pruned_jobs_are_told_pruned_with_their_last_value_and_tagged(tmp_path):
 
 def test_configuration_errors_name_the_sweeper_key(tmp_path):
     with pytest.raises(SweepConfigError, match="hydra.sweeper.pruner"):
-        make_sweep(tmp_path, None, direction=["maximize", "minimize"], objective=["a", "b"],
-                   pruner={"_target_": "optuna.pruners.MedianPruner"})
+        make_sweep(
+            tmp_path,
+            None,
+            direction=["maximize", "minimize"],
+            objective=["a", "b"],
+            pruner={"_target_": "optuna.pruners.MedianPruner"},
+        )
     with pytest.raises(SweepConfigError, match="hydra.sweeper.objective has 1 metric"):
         make_sweep(tmp_path, None, direction=["maximize", "minimize"])
     with pytest.raises(SweepConfigError, match="hydra.sweeper.direction"):
@@ -249,9 +291,11 @@ def test_a_journal_file_storage_works_like_sqlite(tmp_path):
         reporter = TrialReporter(v["trial.storage"], v["trial.study"], v["trial.number"])
         reporter.on_step_end(1, {"score": v["x"]}, {})
         return {"score": v["x"]}
+
     sweep, launcher = make_sweep(tmp_path, job, storage=f"journal:{journal}", n_trials=3)
     sweep.run([])
     from optuna.storages.journal import JournalFileBackend, JournalStorage
+
     study = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     assert all(t.intermediate_values == {1: t.params["x"]} for t in study.trials)
@@ -261,7 +305,11 @@ def test_a_journal_file_storage_works_like_sqlite(tmp_path):
 def test_importances_only_when_the_objective_varies(tmp_path):
     sweep, _ = make_sweep(tmp_path / "flat", lambda v: {"score": 0.25}, n_trials=3)
     assert sweep.run([])["importances"] == {"score": {}}
-    sweep, _ = make_sweep(tmp_path / "varies", lambda v: {"score": v["x"]},
-                          params={"x": "interval(0, 1)", "y": "interval(0, 1)"}, n_trials=10)
+    sweep, _ = make_sweep(
+        tmp_path / "varies",
+        lambda v: {"score": v["x"]},
+        params={"x": "interval(0, 1)", "y": "interval(0, 1)"},
+        n_trials=10,
+    )
     imp = sweep.run([])["importances"]["score"]
     assert set(imp) == {"x", "y"} and imp["x"] > imp["y"]

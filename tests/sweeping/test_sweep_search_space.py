@@ -1,5 +1,6 @@
 """The search-space syntax of the upstream hydra-optuna-sweeper (its docs' examples and its test table)
 gives the same Optuna distributions here, written with Optuna's current classes."""
+
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from optuna.distributions import CategoricalDistribution as Cat
@@ -81,21 +82,25 @@ def test_explicit_distribution_dicts(spec, expected):
 
 def test_params_and_command_line_split_into_space_and_fixed():
     # upstream test_create_params_from_overrides, plus an explicit dict and a command-line override winning
-    space, fixed = build_search_space({"key1": "choice(1,2)", "lr": {"type": "float", "low": 1e-6, "high": 1e-4,
-                                                                     "log": True}, "key3": "range(1,3)"},
-                                      ["key2=5", "key3=7"])
+    space, fixed = build_search_space(
+        {"key1": "choice(1,2)", "lr": {"type": "float", "low": 1e-6, "high": 1e-4, "log": True}, "key3": "range(1,3)"},
+        ["key2=5", "key3=7"],
+    )
     assert space == {"key1": Cat([1, 2]), "lr": Float(1e-6, 1e-4, log=True)}
     assert fixed == {"key2": "5", "key3": "7"}
     space, fixed = build_search_space(None, ["+w=interval(0, 1)", "~z"])
     assert space == {"+w": Float(0, 1)} and "~z" in fixed
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ({"type": "float", "low": 1}, "needs 'low' and 'high'"),
-    ({"type": "gaussian", "low": 0, "high": 1}, "type must be"),
-    ({"type": "categorical"}, "needs 'choices'"),
-    ({"type": "int", "low": 0, "high": 3, "mean": 1}, "unknown distribution keys"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ({"type": "float", "low": 1}, "needs 'low' and 'high'"),
+        ({"type": "gaussian", "low": 0, "high": 1}, "type must be"),
+        ({"type": "categorical"}, "needs 'choices'"),
+        ({"type": "int", "low": 0, "high": 3, "mean": 1}, "unknown distribution keys"),
+    ],
+)
 def test_bad_explicit_distributions_name_the_parameter(spec, needle):
     with pytest.raises(SearchSpaceError, match=needle) as e:
         distribution_from_dict("optimizer.lr", spec)

@@ -6,6 +6,7 @@ test, which starts two real `rlexp train -m` processes.
 The pruning, multi-objective and parallel-worker sweeps optimise ``length/mean`` and ``entropy/mean``:
 real per-step metrics that differ between trials on an untrained model (the completion length follows
 ``trainer.max_new_tokens``, the token entropy follows ``trainer.temperature``)."""
+
 import os
 import subprocess
 import sys
@@ -19,9 +20,20 @@ from optuna.trial import TrialState
 
 from rlexp.cli import main as rlexp_main
 
-TRIAL = ["model=tiny", "trainer.max_steps=3", "trainer.prompts_per_step=1", "trainer.num_generations=2",
-         "trainer.micro_batch_size=2", "trainer.num_threads=1", "tracker=none", "trainer.progress=false",
-         "dataset.train_size=32", "dataset.eval_size=4", "eval.size=0", "trainer.checkpoint_every=0"]
+TRIAL = [
+    "model=tiny",
+    "trainer.max_steps=3",
+    "trainer.prompts_per_step=1",
+    "trainer.num_generations=2",
+    "trainer.micro_batch_size=2",
+    "trainer.num_threads=1",
+    "tracker=none",
+    "trainer.progress=false",
+    "dataset.train_size=32",
+    "dataset.eval_size=4",
+    "eval.size=0",
+    "trainer.checkpoint_every=0",
+]
 SWEEPER = ["hydra/sweeper=rlexp_optuna", "hydra.sweeper.plots=false", "hydra.sweeper.study_name=s"]
 
 
@@ -39,6 +51,7 @@ def sweep(tmp_path, monkeypatch):
 
     def run(sweep_dir: Path, *args: str) -> None:
         rlexp_main(sweep_args(sweep_dir, *args))
+
     yield run
     torch.set_num_threads(threads)
 
@@ -54,12 +67,23 @@ def steps_run(trial) -> int:
 
 
 def test_median_pruner_prunes_trials_and_saves_steps(tmp_path, sweep):
-    space = ["hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=3", "hydra.sweeper.n_trials=6",
-             "hydra.sweeper.objective=length/mean", "hydra.sweeper.direction=minimize",
-             "trainer.max_new_tokens=choice(2,4,6,8)"]
+    space = [
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=3",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(2,4,6,8)",
+    ]
     pruned_dir, plain_dir = tmp_path / "pruned", tmp_path / "plain"
-    sweep(pruned_dir, *space, "hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=2",
-          "hydra.sweeper.plots=true", "tracker=mlflow")
+    sweep(
+        pruned_dir,
+        *space,
+        "hydra/sweeper/pruner=median",
+        "hydra.sweeper.pruner.n_startup_trials=2",
+        "hydra.sweeper.plots=true",
+        "tracker=mlflow",
+    )
     sweep(plain_dir, *space)
     with_pruner, without = study(pruned_dir).trials, study(plain_dir).trials
     assert len(with_pruner) == len(without) == 6
@@ -81,6 +105,7 @@ def test_median_pruner_prunes_trials_and_saves_steps(tmp_path, sweep):
     assert "PRUNED" in (pruned_dir / "summary.md").read_text()
     # the MLflow runs: one per trial, tagged with study and trial; the pruned ones marked PRUNED
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
     runs = client.search_runs([client.get_experiment_by_name("rlexp").experiment_id])
     by_trial = {int(r.data.tags["trial"]): r for r in runs}
@@ -94,10 +119,16 @@ def test_median_pruner_prunes_trials_and_saves_steps(tmp_path, sweep):
 
 def test_resumed_sweep_continues_numbering_and_repeats_no_finished_trial(tmp_path, sweep):
     sweep_dir = tmp_path / "sweep"
-    args = ["hydra/sweeper/sampler=grid", "hydra.sweeper.objective=length/mean", "hydra.sweeper.direction=minimize",
-            "trainer.max_new_tokens=choice(2,4,6,8)"]
+    args = [
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(2,4,6,8)",
+    ]
     sweep(sweep_dir, *args, "hydra.sweeper.n_trials=2")
-    first = {t.number: (Path(t.user_attrs["job_dir"]) / "metrics.jsonl").stat().st_mtime_ns for t in study(sweep_dir).trials}
+    first = {
+        t.number: (Path(t.user_attrs["job_dir"]) / "metrics.jsonl").stat().st_mtime_ns for t in study(sweep_dir).trials
+    }
     assert sorted(first) == [0, 1]
     sweep(sweep_dir, *args, "hydra.sweeper.n_trials=4")
     trials = study(sweep_dir).trials
@@ -113,13 +144,20 @@ def test_resumed_sweep_continues_numbering_and_repeats_no_finished_trial(tmp_pat
 
 def test_two_worker_processes_share_one_study(tmp_path):
     sweep_dir = tmp_path / "shared"
-    args = ["hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=6",
-            "hydra.sweeper.objective=entropy/mean", "hydra.sweeper.direction=minimize",
-            "trainer.temperature=interval(0.5, 1.5)"]
+    args = [
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.objective=entropy/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.temperature=interval(0.5, 1.5)",
+    ]
     cmd = [sys.executable, "-m", "rlexp.cli", *sweep_args(sweep_dir, *args)]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-4000:] for o in outs)
     trials = study(sweep_dir).trials
@@ -127,16 +165,28 @@ def test_two_worker_processes_share_one_study(tmp_path):
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len({t.params["trainer.temperature"] for t in trials}) == 6
     assert all(steps_run(t) == 3 for t in trials)  # each trial trained once, in its own job folder
-    launched = [[int(line.split("trial.number=")[1].split()[0]) for line in o.splitlines()
-                 if "trial.number=" in line and "#" in line] for o in outs]
+    launched = [
+        [
+            int(line.split("trial.number=")[1].split()[0])
+            for line in o.splitlines()
+            if "trial.number=" in line and "#" in line
+        ]
+        for o in outs
+    ]
     assert sorted(launched[0] + launched[1]) == [0, 1, 2, 3, 4, 5], launched
     print("trials launched per worker:", launched)
 
 
 def test_a_trial_that_raises_is_recorded_fail_and_the_sweep_completes(tmp_path, sweep):
     sweep_dir = tmp_path / "sweep"
-    sweep(sweep_dir, "hydra/sweeper/sampler=grid", "hydra.sweeper.max_failure_rate=0.5",
-          "hydra.sweeper.objective=length/mean", "hydra.sweeper.direction=minimize", "optimizer.lr=choice(-1.0, 1e-05)")
+    sweep(
+        sweep_dir,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.max_failure_rate=0.5",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "optimizer.lr=choice(-1.0, 1e-05)",
+    )
     trials = {t.params["optimizer.lr"]: t for t in study(sweep_dir).trials}
     assert trials[-1.0].state == TrialState.FAIL and trials[1e-05].state == TrialState.COMPLETE
     assert trials[-1.0].user_attrs["error"].startswith("ConfigError: optimizer.lr=-1.0: must be > 0")
@@ -147,10 +197,17 @@ def test_a_trial_that_raises_is_recorded_fail_and_the_sweep_completes(tmp_path, 
 
 def test_two_objective_sweep_returns_the_pareto_front(tmp_path, sweep):
     sweep_dir = tmp_path / "mo"
-    sweep(sweep_dir, "hydra/sweeper/sampler=nsgaii", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=5",
-          "hydra.sweeper.plots=true", "hydra.sweeper.objective=[length/mean,entropy/mean]",
-          "hydra.sweeper.direction=[minimize,maximize]", "trainer.max_new_tokens=choice(2,4,6)",
-          "trainer.temperature=interval(0.5, 1.5)")
+    sweep(
+        sweep_dir,
+        "hydra/sweeper/sampler=nsgaii",
+        "hydra.sweeper.sampler.seed=1",
+        "hydra.sweeper.n_trials=5",
+        "hydra.sweeper.plots=true",
+        "hydra.sweeper.objective=[length/mean,entropy/mean]",
+        "hydra.sweeper.direction=[minimize,maximize]",
+        "trainer.max_new_tokens=choice(2,4,6)",
+        "trainer.temperature=interval(0.5, 1.5)",
+    )
     s = study(sweep_dir)
     results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     front = results.solutions
@@ -158,7 +215,10 @@ def test_two_objective_sweep_returns_the_pareto_front(tmp_path, sweep):
     signs = [1, -1]  # minimise length, maximise entropy
 
     def dominates(a, b):
-        return all(sa * x <= sa * y for sa, x, y in zip(signs, a, b)) and any(sa * x < sa * y for sa, x, y in zip(signs, a, b))
+        return all(sa * x <= sa * y for sa, x, y in zip(signs, a, b)) and any(
+            sa * x < sa * y for sa, x, y in zip(signs, a, b)
+        )
+
     complete = [t for t in s.trials if t.state == TrialState.COMPLETE]
     assert len(complete) == 5
     for x in front:
@@ -173,13 +233,21 @@ def test_two_objective_sweep_returns_the_pareto_front(tmp_path, sweep):
 def test_joblib_launcher_keeps_n_jobs_trials_in_flight(tmp_path, sweep):
     """Two trials at a time in joblib (loky) worker processes; a new one starts when either ends."""
     sweep_dir = tmp_path / "joblib"
-    sweep(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
-          "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4",
-          "hydra.sweeper.objective=length/mean", "hydra.sweeper.direction=minimize",
-          "trainer.max_new_tokens=choice(2,4,6,8)")
+    sweep(
+        sweep_dir,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(2,4,6,8)",
+    )
     trials = study(sweep_dir).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     spans = [(t.datetime_start, t.datetime_complete) for t in trials]
-    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
+    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1 :] if a[0] < b[1] and b[0] < a[1])
     assert overlapping >= 1  # trials ran side by side
     assert all(steps_run(t) == 3 for t in trials)

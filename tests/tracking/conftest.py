@@ -1,5 +1,6 @@
 """Tracking test helpers: a real ``mlflow server`` on loopback (SQLite backend, or PostgreSQL when a
 ``postgresql://`` URI is given) that a test can kill, restart, pause (SIGSTOP) and resume."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,13 @@ from pathlib import Path
 
 import pytest
 
-HTTP_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
-             "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_TRACKING_URI")
+HTTP_VARS = (
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER",
+    "MLFLOW_TRACKING_URI",
+)
 
 
 def free_port() -> int:
@@ -38,19 +44,37 @@ class MlflowServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120) -> "MlflowServer":
+    def start(self, timeout: float = 120) -> MlflowServer:
         self.starts += 1
         log = open(self.root / f"server-{self.starts}.log", "w")
         mlflow_bin = str(Path(sys.executable).parent / "mlflow")
         self.proc = subprocess.Popen(
-            [mlflow_bin, "server", "--backend-store-uri", self.backend_uri, "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1", "--artifacts-destination", str(self.root / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+            [
+                mlflow_bin,
+                "server",
+                "--backend-store-uri",
+                self.backend_uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.root,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}): "
-                                   f"{(self.root / f'server-{self.starts}.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited ({self.proc.returncode}): "
+                    f"{(self.root / f'server-{self.starts}.log').read_text()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:
@@ -107,6 +131,7 @@ def make_mlflow_server(tmp_path):
     def make(backend_uri: str | None = None, name: str = "server") -> MlflowServer:
         servers.append(MlflowServer(tmp_path / name, backend_uri).start())
         return servers[-1]
+
     yield make
     for s in servers:
         s.kill()
@@ -124,7 +149,6 @@ def _restore_mlflow_env():
             os.environ[k] = v
 
 
-
 @pytest.fixture
 def postgres_uri():
     """A throwaway PostgreSQL cluster on 127.0.0.1 (trust auth) with an empty ``mlflow`` database;
@@ -133,6 +157,7 @@ def postgres_uri():
     import importlib.util
     import shutil
     import tempfile
+
     tools = {n: shutil.which(n) for n in ("initdb", "pg_ctl", "psql")}
     if not all(tools.values()):
         pytest.skip(f"PostgreSQL binaries missing: {[n for n, p in tools.items() if not p]}")
@@ -142,6 +167,7 @@ def postgres_uri():
     as_pg: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root
         import pwd
+
         try:
             pg = pwd.getpwnam("postgres")
         except KeyError:
@@ -154,13 +180,24 @@ def postgres_uri():
 
     def sh(*cmd):
         subprocess.run([*as_pg, *cmd], check=True, capture_output=True, text=True, timeout=120)
+
     try:
         sh(tools["initdb"], "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync")
-        sh(tools["pg_ctl"], "-D", str(data), "-l", str(log), "-w", "-o",
-           f"-p {port} -h 127.0.0.1 -k {root} -F", "start")
+        sh(
+            tools["pg_ctl"],
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-w",
+            "-o",
+            f"-p {port} -h 127.0.0.1 -k {root} -F",
+            "start",
+        )
         sh(tools["psql"], "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-c", "CREATE DATABASE mlflow")
         yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
     finally:
-        subprocess.run([*as_pg, tools["pg_ctl"], "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                       timeout=60)
+        subprocess.run(
+            [*as_pg, tools["pg_ctl"], "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60
+        )
         shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,7 @@
 """A real `mlflow server` on loopback goes away in the middle of a run: training keeps going, the
 metrics are buffered and flushed when the server returns, or — when it is still away at the end —
 left in metrics.jsonl and uploaded by `rlexp replay`; every (metric, step) ends up logged once."""
+
 import json
 import logging
 import socket
@@ -43,14 +44,19 @@ class At:
 
 
 def tracker_overrides(url, **settings):
-    return ["tracker=mlflow", f"tracker.backends.mlflow.tracking_uri='{url}'",
-            *[f"+tracker.backends.mlflow.{k}={v}" for k, v in settings.items()]]
+    return [
+        "tracker=mlflow",
+        f"tracker.backends.mlflow.tracking_uri='{url}'",
+        *[f"+tracker.backends.mlflow.{k}={v}" for k, v in settings.items()],
+    ]
 
 
 def test_server_killed_and_restarted_mid_run_gets_every_step(tiny_cfg, tmp_path, mlflow_server, caplog):
     caplog.set_level(logging.WARNING, logger="rlexp.tracking.mlflow_tracker")
-    cfg = tiny_cfg("trainer.max_steps=8", *tracker_overrides(mlflow_server.url, retry_interval=0.5,
-                                                                max_retry_interval=2, flush_timeout=60))
+    cfg = tiny_cfg(
+        "trainer.max_steps=8",
+        *tracker_overrides(mlflow_server.url, retry_interval=0.5, max_retry_interval=2, flush_timeout=60),
+    )
     cb = At({2: mlflow_server.kill, 5: mlflow_server.start})
     result = run(cfg, callbacks=[cb])
     assert result.last_step == 8
@@ -74,8 +80,9 @@ def test_server_killed_and_restarted_mid_run_gets_every_step(tiny_cfg, tmp_path,
 def test_server_hung_until_the_end_then_replay(tiny_cfg, tmp_path, mlflow_server, caplog, capsys):
     """SIGSTOP: connections hang. Training and finish() stay bounded; `rlexp replay` uploads the rest."""
     caplog.set_level(logging.WARNING, logger="rlexp.tracking.mlflow_tracker")
-    cfg = tiny_cfg("trainer.max_steps=5", *tracker_overrides(mlflow_server.url, request_timeout=2, max_retries=0,
-                                                                flush_timeout=2))
+    cfg = tiny_cfg(
+        "trainer.max_steps=5", *tracker_overrides(mlflow_server.url, request_timeout=2, max_retries=0, flush_timeout=2)
+    )
     cb = At({2: mlflow_server.pause})
     result = run(cfg, callbacks=[cb])
     finished = time.monotonic()

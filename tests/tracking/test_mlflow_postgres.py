@@ -1,5 +1,6 @@
 """The outage scenario on a tracking server with a PostgreSQL backend store (where PostgreSQL is
 installed): the server is killed mid-run and restarted; every (metric, step) arrives once."""
+
 import json
 import logging
 
@@ -14,12 +15,15 @@ from tests.tracking.test_mlflow_outage import At, expected_steps, steps_per_metr
 pytestmark = pytest.mark.slow
 
 
-def test_postgres_backed_server_killed_and_restarted_mid_run(tiny_cfg, tmp_path, postgres_uri, make_mlflow_server,
-                                                             caplog):
+def test_postgres_backed_server_killed_and_restarted_mid_run(
+    tiny_cfg, tmp_path, postgres_uri, make_mlflow_server, caplog
+):
     caplog.set_level(logging.WARNING, logger="rlexp.tracking.mlflow_tracker")
     server = make_mlflow_server(postgres_uri)
-    cfg = tiny_cfg("trainer.max_steps=5", *tracker_overrides(server.url, retry_interval=0.5, max_retry_interval=2,
-                                                                flush_timeout=60))
+    cfg = tiny_cfg(
+        "trainer.max_steps=5",
+        *tracker_overrides(server.url, retry_interval=0.5, max_retry_interval=2, flush_timeout=60),
+    )
     assert run(cfg, callbacks=[At({2: server.kill, 3: server.start})]).last_step == 5
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "unreachable" in messages and "reachable again" in messages, messages

@@ -1,4 +1,5 @@
 """Every provenance field of a run reaches MLflow: read back through the MLflow client."""
+
 import json
 import re
 
@@ -39,7 +40,7 @@ def test_provenance_fields_reach_mlflow(tiny_cfg, tmp_path, monkeypatch):
     assert tags["algorithm"] == cfg.algorithm.name
     assert tags["dataset"] == cfg.dataset.name
     assert tags["model"] == cfg.model.name == "tiny-smollm2"
-    assert tags["benchmark"] == "none"          # eval.size=0 and no benchmark group
+    assert tags["benchmark"] == "none"  # eval.size=0 and no benchmark group
     assert tags["seed"] == "7" and prov["seed"] == 7
     assert tags["sweep"] == "sweep-abc" and tags["trial"] == "3"
     # command-line overrides
@@ -66,6 +67,7 @@ def test_provenance_fields_reach_mlflow(tiny_cfg, tmp_path, monkeypatch):
 
 def test_resumed_run_keeps_first_start_time(tiny_cfg, tmp_path):
     from rlexp.tracking.provenance import write_provenance
+
     cfg = tiny_cfg()
     first = write_provenance(cfg, tmp_path / "p")
     second = write_provenance(cfg, tmp_path / "p")

@@ -1,5 +1,6 @@
 """JSONL log repair after a torn write; the MLflow tracker's queue against a real SQLite store:
 rejected operations are dropped without blocking the rest, backfill logs only what is missing."""
+
 import json
 
 from mlflow import MlflowClient
@@ -55,6 +56,7 @@ def test_backfill_logs_only_missing_steps(tmp_path):
 def test_resume_with_the_server_down_keeps_the_run_id_and_does_not_wait(tmp_path):
     import socket
     import time
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

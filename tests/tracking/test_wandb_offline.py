@@ -1,5 +1,6 @@
 """W&B runs offline by default (no API key); the offline run directory holds the same metrics and
 config as the run's metrics.jsonl and config.yaml."""
+
 import json
 
 import pytest

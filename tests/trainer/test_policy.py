@@ -15,8 +15,16 @@ def rollout_batch(tiny):
 
 def _forward(lm, out, share):
     lm.model.zero_grad()
-    lp, ent = token_logprobs(lm.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
-                             0.8, with_entropy=True, share_prompts=share)
+    lp, ent = token_logprobs(
+        lm.model,
+        out.prompt_ids,
+        out.prompt_mask,
+        out.completion_ids,
+        out.completion_mask,
+        0.8,
+        with_entropy=True,
+        share_prompts=share,
+    )
     (lp * out.completion_mask).sum().backward()
     grads = torch.cat([p.grad.flatten() for p in lm.model.parameters() if p.grad is not None])
     return lp * out.completion_mask, ent * out.completion_mask, grads
@@ -48,21 +56,25 @@ def test_micro_batches_cut_rows_by_length_longest_first():
     assert [b.tolist() for b in micro_batches(8, 4, lengths)] == [[4, 1, 3, 2], [7, 0, 5, 6]]
     assert [b.tolist() for b in micro_batches(8, 0, lengths)] == [[4, 1, 3, 2, 7, 0, 5, 6]]
     assert [b.tolist() for b in micro_batches(3, 2)] == [[0, 1], [2]]
-    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])   # whole groups, by their longest completion
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # whole groups, by their longest completion
     assert [b.tolist() for b in micro_batches(8, 4, lengths, group_ids=groups)] == [[4, 5, 1, 0], [3, 2, 7, 6]]
 
 
-@pytest.mark.parametrize("lengths,share,plan,positions", [
-    # rows by length: [0, 2] 2 prompts × 3 + 2 × 4 = 14, [1, 3] 2 × 3 + 2 × 1 = 8: 22;
-    # whole groups:   [0, 1] 1 prompt × 3 + 2 × 4 = 11, [2, 3] 1 × 3 + 2 × 3 = 9: 20 — fewer
-    ([4, 1, 3, 1], True, [[0, 1], [2, 3]], [11, 9]),
-    # rows: [0, 2] 6 + 2 × 8 = 22, [1, 3] 6 + 2 = 8: 30; groups: [0, 1] 3 + 16 = 19, [2, 3] 3 + 14 = 17: 36
-    ([8, 1, 7, 1], True, [[0, 2], [1, 3]], [22, 8]),
-    ([4, 1, 3, 1], False, [[0, 2], [1, 3]], [14, 8]),   # one forward per row: by length, prompts counted per row
-])
+@pytest.mark.parametrize(
+    "lengths,share,plan,positions",
+    [
+        # rows by length: [0, 2] 2 prompts × 3 + 2 × 4 = 14, [1, 3] 2 × 3 + 2 × 1 = 8: 22;
+        # whole groups:   [0, 1] 1 prompt × 3 + 2 × 4 = 11, [2, 3] 1 × 3 + 2 × 3 = 9: 20 — fewer
+        ([4, 1, 3, 1], True, [[0, 1], [2, 3]], [11, 9]),
+        # rows: [0, 2] 6 + 2 × 8 = 22, [1, 3] 6 + 2 = 8: 30; groups: [0, 1] 3 + 16 = 19, [2, 3] 3 + 14 = 17: 36
+        ([8, 1, 7, 1], True, [[0, 2], [1, 3]], [22, 8]),
+        ([4, 1, 3, 1], False, [[0, 2], [1, 3]], [14, 8]),  # one forward per row: by length, prompts counted per row
+    ],
+)
 def test_plan_takes_the_cut_with_fewer_padded_positions(lengths, share, plan, positions):
     from rlexp.core.micro_batches import plan_micro_batches
     from tests.algorithms.batches import make_batch
+
     batch = make_batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], lengths=lengths)
     batch.prompt_ids = torch.tensor([[7, 8, 9], [7, 8, 9], [4, 5, 6], [4, 5, 6]])
     mbs = plan_micro_batches(batch, 2, share_prompts=share)
@@ -75,10 +87,10 @@ def test_micro_batches_token_budget_hand_computed():
     completion) stays within the budget: [0] 1 × (2 + 4) = 6, [0, 3] 2 × 6 = 12, [0, 3, 1] 3 × (3 + 4) = 21."""
     lengths, prompts = torch.tensor([4, 2, 1, 3]), torch.tensor([2, 3, 3, 1])
     cut = lambda size, budget: [b.tolist() for b in micro_batches(4, size, lengths, budget, prompts)]
-    assert cut(0, 12) == [[0, 3], [1, 2]]            # [1, 2]: 2 × (3 + 2) = 10
+    assert cut(0, 12) == [[0, 3], [1, 2]]  # [1, 2]: 2 × (3 + 2) = 10
     assert cut(0, 21) == [[0, 3, 1], [2]]
-    assert cut(2, 100) == [[0, 3], [1, 2]]           # the row cap still holds
-    assert cut(0, 3) == [[0], [3], [1], [2]]         # a row over the budget goes alone
+    assert cut(2, 100) == [[0, 3], [1, 2]]  # the row cap still holds
+    assert cut(0, 3) == [[0], [3], [1], [2]]  # a row over the budget goes alone
     assert cut(0, None) == [[0, 3, 1, 2]]
     with pytest.raises(ValueError, match="max_tokens"):
         micro_batches(4, 0, lengths, 12)
@@ -102,12 +114,14 @@ def _reference(logits, tokens, temperature):
     return logp_all.gather(-1, tokens[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
-@pytest.mark.parametrize("dtype,temperature,chunk", [(torch.float64, 1.0, 7), (torch.float32, 0.7, 5),
-                                                     (torch.bfloat16, 1.3, 2 ** 20)])
+@pytest.mark.parametrize(
+    "dtype,temperature,chunk", [(torch.float64, 1.0, 7), (torch.float32, 0.7, 5), (torch.bfloat16, 1.3, 2**20)]
+)
 def test_selected_logprobs_match_full_log_softmax_values_and_gradients(dtype, temperature, chunk):
     """The chunked log-prob (custom backward) equals log_softmax + gather, in value and in gradient,
     whatever the chunking; the entropy equals −Σ p log p."""
     from rlexp.core.forward import selected_logprobs
+
     torch.manual_seed(0)
     logits = (torch.randn(3, 5, 11, dtype=torch.float64) * 3).to(dtype)
     tokens = torch.randint(0, 11, (3, 5))
@@ -120,7 +134,9 @@ def test_selected_logprobs_match_full_log_softmax_values_and_gradients(dtype, te
     (ref_lp.double() * weights).sum().backward()
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     assert lp.dtype == torch.promote_types(dtype, torch.float32) and not ent.requires_grad
-    assert torch.allclose(lp.double(), ref_lp.double(), atol=tol) and torch.allclose(ent.double(), ref_ent.double(), atol=tol)
+    assert torch.allclose(lp.double(), ref_lp.double(), atol=tol) and torch.allclose(
+        ent.double(), ref_ent.double(), atol=tol
+    )
     assert torch.allclose(a.grad.double(), b.grad.double(), atol=1e-2 if dtype == torch.bfloat16 else tol)
 
 
@@ -130,6 +146,7 @@ def test_selected_logprobs_hand_computed():
     import math
 
     from rlexp.core.forward import selected_logprobs
+
     logits = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64, requires_grad=True)
     lp, ent = selected_logprobs(logits, torch.tensor([[1]]), 1.0, with_entropy=True)
     lp.sum().backward()
@@ -145,11 +162,21 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
     a shared prompt once."""
     from rlexp.core.batch import RolloutBatch
     from rlexp.core.micro_batches import plan_micro_batches
+
     lm, out = rollout_batch
     n = out.completion_ids.shape[0]
-    batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
-                         completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
-                         group_ids=torch.arange(n) // 4, prompts=[""] * n, completions=out.texts, records=[{}] * n)
+    batch = RolloutBatch(
+        prompt_ids=out.prompt_ids,
+        prompt_mask=out.prompt_mask,
+        completion_ids=out.completion_ids,
+        completion_mask=out.completion_mask,
+        sampling_logprobs=out.logprobs,
+        truncated=out.truncated,
+        group_ids=torch.arange(n) // 4,
+        prompts=[""] * n,
+        completions=out.texts,
+        records=[{}] * n,
+    )
     shared_somewhere = False
     for mb in plan_micro_batches(batch, 4):
         i = mb.dev_idx
@@ -158,13 +185,15 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
             assert len(labels.unique()) == len(i)
         else:
             shared_somewhere = True
-            assert torch.equal(labels[mb.prompt_groups.inverse], labels)   # same prompt as its group's row
+            assert torch.equal(labels[mb.prompt_groups.inverse], labels)  # same prompt as its group's row
             assert len(mb.prompt_groups.first) == len(labels.unique())
             assert torch.equal(labels[mb.prompt_groups.first].sort().values, labels.unique())
         unique_prompts = len(labels.unique())
         assert mb.positions == unique_prompts * (batch.prompt_ids.shape[1] - mb.start) + len(i) * mb.end
-        for a, b in zip(mb.rows(batch), trim(batch.prompt_ids[i], batch.prompt_mask[i], batch.completion_ids[i],
-                                                batch.completion_mask[i])):
+        for a, b in zip(
+            mb.rows(batch),
+            trim(batch.prompt_ids[i], batch.prompt_mask[i], batch.completion_ids[i], batch.completion_mask[i]),
+        ):
             assert torch.equal(a, b) if torch.is_tensor(a) else a == b
         p, pm, c, cm, _ = mb.rows(batch)
         with torch.no_grad():
@@ -178,8 +207,9 @@ def test_micro_batch_plan_matches_trim_and_prompt_groups_match_unique(rollout_ba
 
 def test_prompt_groups_from_host_labels():
     from rlexp.core.forward import PromptGroups
+
     g = PromptGroups.from_index(torch.tensor([5, 5, 2, 7, 2]), torch.device("cpu"))
     assert g.inverse.tolist() == [1, 1, 0, 2, 0]
     labels = torch.tensor([5, 5, 2, 7, 2])
-    assert torch.equal(labels[g.first][g.inverse], labels)   # each row maps to a row with its prompt
+    assert torch.equal(labels[g.first][g.inverse], labels)  # each row maps to a row with its prompt
     assert PromptGroups.from_index(torch.tensor([3, 1, 2]), torch.device("cpu")) is None

@@ -1,5 +1,6 @@
 """A run interrupted after a checkpoint resumes into the same tracker run: every step logged exactly
 once, and the resumed trajectory equals an uninterrupted one (RNG, data position, optimiser restored)."""
+
 import json
 
 import pytest
@@ -24,8 +25,13 @@ def _steps(run_dir):
 
 def test_resume_after_crash_logs_each_step_once_and_matches_uninterrupted(tiny_cfg, tmp_path):
     db = f"sqlite:///{tmp_path}/mlruns.db"
-    common = ["trainer.max_steps=3", "trainer.checkpoint_every=1", "tracker=mlflow",
-              f"tracker.backends.mlflow.tracking_uri={db}", f"tracker.backends.mlflow.artifact_location={tmp_path}/art"]
+    common = [
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=1",
+        "tracker=mlflow",
+        f"tracker.backends.mlflow.tracking_uri={db}",
+        f"tracker.backends.mlflow.artifact_location={tmp_path}/art",
+    ]
     cfg = tiny_cfg(*common)
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -45,6 +51,7 @@ def test_resume_after_crash_logs_each_step_once_and_matches_uninterrupted(tiny_c
 
     ref_dir = tmp_path / "ref"
     from tests.conftest import TINY, compose_train
+
     ref = compose_train([*TINY, *common], ref_dir)
     run(ref)
     ref_rows = _steps(ref_dir)
@@ -56,12 +63,14 @@ def test_resume_after_crash_logs_each_step_once_and_matches_uninterrupted(tiny_c
 
 def test_ppo_checkpoint_holds_the_critic_and_resume_restores_it(tiny_cfg, tmp_path):
     import torch
+
     cfg = tiny_cfg("algorithm=ppo", "trainer.checkpoint_every=1")
     run(cfg)
     blob = torch.load(tmp_path / "run" / "checkpoints" / "last" / "state.pt", weights_only=False)
     saved = blob["critic"]
     assert saved is not None and "model" in saved and "optimizer" in saved
     from omegaconf import open_dict
+
     with open_dict(cfg):
         cfg.trainer.max_steps = 3
     result = run(cfg)  # resumes at step 2 with the saved critic (a rebuilt one would start from a zero head)

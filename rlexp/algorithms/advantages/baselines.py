@@ -15,8 +15,10 @@ def remax(batch: RolloutBatch, key: str = "greedy_reward") -> torch.Tensor:
     Large Language Models", 2023): A = r − r(greedy completion of the same prompt). The greedy reward
     is produced by the ``greedy_baseline`` group stage into ``batch.extras[key]``."""
     if key not in batch.extras:
-        raise KeyError(f"advantage remax needs batch.extras[{key!r}]: add the group stage "
-                       "rlexp.algorithms.group_stages.baselines.greedy_baseline to algorithm.group_stages")
+        raise KeyError(
+            f"advantage remax needs batch.extras[{key!r}]: add the group stage "
+            "rlexp.algorithms.group_stages.baselines.greedy_baseline to algorithm.group_stages"
+        )
     return batch.reward.float() - batch.extras[key].float().to(batch.reward.device)
 
 

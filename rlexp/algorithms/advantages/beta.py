@@ -10,8 +10,13 @@ from rlexp.core.stats import group_index, group_sum
 
 
 @ADVANTAGES.register
-def bnpo(batch: RolloutBatch, min_value: float = 0.0, max_value: float = 1.0, max_weight: float = 1e6,
-         decompose: bool = False) -> torch.Tensor:
+def bnpo(
+    batch: RolloutBatch,
+    min_value: float = 0.0,
+    max_value: float = 1.0,
+    max_weight: float = 1e6,
+    decompose: bool = False,
+) -> torch.Tensor:
     """BNPO ("BNPO: Beta Normalization Policy Optimization", 2025), as in its released code: rewards
     are mapped to [0, 1] by (r − min)/(max − min); p_g is the group mean; a Beta(α, β) is fitted to the
     batch's p_g by moments (mean μ, unbiased variance v; a = (μ(1−μ)/v − 1)·μ, b = (…)·(1−μ)) and
@@ -23,8 +28,10 @@ def bnpo(batch: RolloutBatch, min_value: float = 0.0, max_value: float = 1.0, ma
         return _bnpo_one(batch.reward, batch.group_ids, min_value, max_value, max_weight)
     if batch.rewards is None:
         raise ValueError("advantage bnpo decompose=true needs batch.rewards (per-term scores)")
-    cols = [_bnpo_one(batch.rewards[:, j], batch.group_ids, min_value, max_value, max_weight)
-            for j in range(batch.rewards.shape[1])]
+    cols = [
+        _bnpo_one(batch.rewards[:, j], batch.group_ids, min_value, max_value, max_weight)
+        for j in range(batch.rewards.shape[1])
+    ]
     return torch.stack(cols, 0).mean(0)
 
 
@@ -37,7 +44,9 @@ def _bnpo_one(reward, group_ids, min_value, max_value, max_weight):
     s = s.clamp(0.0, 1.0)
     inv, k = group_index(group_ids)
     count = group_sum(torch.ones_like(s), inv, k)
-    pg = torch.where(count > 1, group_sum(s, inv, k) / count, torch.zeros_like(count))  # singleton: p = 0 (released code)
+    pg = torch.where(
+        count > 1, group_sum(s, inv, k) / count, torch.zeros_like(count)
+    )  # singleton: p = 0 (released code)
     p = pg[inv]
     alpha = beta = torch.tensor(1.0, device=s.device)
     if k > 1:

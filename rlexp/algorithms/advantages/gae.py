@@ -10,8 +10,9 @@ from rlexp.core.stats import masked_whiten
 
 
 @ADVANTAGES.register
-def gae(batch: RolloutBatch, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True,
-        eps: float = 1e-8) -> torch.Tensor:
+def gae(
+    batch: RolloutBatch, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """Generalized Advantage Estimation ("High-Dimensional Continuous Control Using Generalized
     Advantage Estimation", 2016) as used by PPO for LMs: the outcome reward is paid at the last valid
     token; V after the last token is 0; δ_t = r_t + γV_{t+1} − V_t, A_t = Σ_k (γλ)^k δ_{t+k}. Needs

@@ -11,8 +11,9 @@ from rlexp.core.stats import group_stats
 SCALES = ("group", "batch", "none")
 
 
-def normalize_rewards(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group",
-                      eps: float = 1e-6) -> torch.Tensor:
+def normalize_rewards(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group", eps: float = 1e-6
+) -> torch.Tensor:
     """GRPO's group-relative advantage (DeepSeekMath, 2024): (r - mean_g) / (std + eps).
 
     ``scale``: ``group`` divides by the group std (GRPO), ``batch`` by the std of all rewards in the

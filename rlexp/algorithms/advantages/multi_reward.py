@@ -18,8 +18,10 @@ def gdpo(batch: RolloutBatch, eps: float = 1e-6, batch_normalize: bool = True) -
     z is 0."""
     if batch.rewards is None or batch.reward_weights is None:
         raise ValueError("advantage gdpo needs batch.rewards (N, R) and batch.reward_weights")
-    z = torch.stack([normalize_rewards(batch.rewards[:, j], batch.group_ids, "group", eps)
-                     for j in range(batch.rewards.shape[1])], 1)
+    z = torch.stack(
+        [normalize_rewards(batch.rewards[:, j], batch.group_ids, "group", eps) for j in range(batch.rewards.shape[1])],
+        1,
+    )
     total = z @ batch.reward_weights.float().to(z.device)
     if not batch_normalize:
         return total

@@ -12,6 +12,7 @@ Conventions: an all-masked row contributes 0; per-row means divide by the rows t
 one valid token (verl; TRL divides by all rows: ``count_empty_rows=True``); token counts are
 guarded with clamp(min=1) (TRL) so an all-masked batch gives exactly 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,12 +26,13 @@ from rlexp.core.registry import AGGREGATIONS
 @dataclass(frozen=True)
 class Normaliser:
     """Whole-batch counts, computed once per optimiser step from the full rollout batch."""
+
     total_tokens: float
     total_rows: float
     norm_length: float = 1.0
 
     @staticmethod
-    def from_mask(mask: torch.Tensor, count_empty_rows: bool = False, norm_length: float | None = None) -> "Normaliser":
+    def from_mask(mask: torch.Tensor, count_empty_rows: bool = False, norm_length: float | None = None) -> Normaliser:
         rows = mask.shape[0] if count_empty_rows else int((mask.sum(-1) > 0).sum())
         return Normaliser(float(mask.sum()), float(rows), float(norm_length or mask.shape[1]))
 

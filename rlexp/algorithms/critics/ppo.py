@@ -12,6 +12,7 @@ GAE returns with a clipped value loss and its own optimiser (its own learning ra
   batch (the same global normaliser whatever the micro-batching), R = ``batch.extras["returns"]``
   (written by the ``gae`` estimator). Gradient-norm clipping at ``max_grad_norm``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,15 +37,21 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(
+        self, prompt_ids, prompt_mask, completion_ids, completion_mask, autocast_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """(N, T) values; column t is V of the prefix that precedes completion token t."""
         input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
         T = completion_ids.shape[1]
-        with torch.autocast(input_ids.device.type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
-            hidden = self.trunk(input_ids=input_ids, attention_mask=padded_causal_mask(attention), position_ids=positions,
-                                use_cache=False).last_hidden_state[:, -(T + 1):-1]
+        with torch.autocast(
+            input_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+        ):
+            hidden = self.trunk(
+                input_ids=input_ids,
+                attention_mask=padded_causal_mask(attention),
+                position_ids=positions,
+                use_cache=False,
+            ).last_hidden_state[:, -(T + 1) : -1]
             values = self.head(hidden).squeeze(-1)
         return values.float()
 
@@ -54,8 +61,14 @@ class Critic:
     """PPO critic settings and state. ``lr``: the critic's AdamW learning rate (verl's default 1e-5,
     10× the actor's); ``value_clip``: c of the clipped value loss (verl: 0.5; ``None`` = unclipped)."""
 
-    def __init__(self, lr: float = 1e-5, value_clip: float | None = 0.5, max_grad_norm: float | None = 1.0,
-                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(
+        self,
+        lr: float = 1e-5,
+        value_clip: float | None = 0.5,
+        max_grad_norm: float | None = 1.0,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ):
         if lr <= 0:
             raise ValueError(f"algorithm.critic.lr={lr} must be > 0")
         if value_clip is not None and value_clip <= 0:
@@ -67,12 +80,14 @@ class Critic:
 
     def build(self, policy: nn.Module) -> None:
         self.model = ValueModel(policy).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, betas=self.betas,
-                                           weight_decay=self.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, fused=True
+        )
 
     @torch.no_grad()
-    def values(self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None,
-               micro_batch_tokens: int | None = None) -> torch.Tensor:
+    def values(
+        self, batch, micro_batch: int, autocast_dtype: torch.dtype | None = None, micro_batch_tokens: int | None = None
+    ) -> torch.Tensor:
         out = torch.zeros(batch.completion_mask.shape, dtype=torch.float32, device=batch.completion_mask.device)
         for mb in plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens):
             p, pm, c, cm, end = mb.rows(batch)
@@ -86,8 +101,9 @@ class Critic:
         settings = getattr(ctx, "settings", None)
         micro = getattr(settings, "micro_batch_size", 0) or 0
         owner = getattr(getattr(ctx, "sample", None), "__self__", None)
-        batch.values = self.values(batch, micro, getattr(owner, "autocast_dtype", None),
-                                   getattr(settings, "micro_batch_tokens", None))
+        batch.values = self.values(
+            batch, micro, getattr(owner, "autocast_dtype", None), getattr(settings, "micro_batch_tokens", None)
+        )
         return batch
 
     def value_loss(self, values, old_values, returns, mask, total_tokens: float):
@@ -102,8 +118,15 @@ class Critic:
         m = mask.to(per.dtype)
         return 0.5 * (per * m).sum() / max(total_tokens, 1.0), clipped
 
-    def update(self, batch, *, mu: int, micro_batch: int, autocast_dtype: torch.dtype | None = None,
-               micro_batch_tokens: int | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch,
+        *,
+        mu: int,
+        micro_batch: int,
+        autocast_dtype: torch.dtype | None = None,
+        micro_batch_tokens: int | None = None,
+    ) -> dict[str, float]:
         if self.model is None:
             raise RuntimeError("critic.update before critic.stage: the critic has no values for this batch")
         if "returns" not in batch.extras or batch.values is None:

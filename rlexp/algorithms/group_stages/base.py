@@ -1,4 +1,5 @@
-"""Helpers shared by group stages: their settings from the context, the metric they look at, reward columns they append."""
+"""Helpers shared by group stages: their settings from the context, the metric they look at, reward columns they
+append."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def append_reward_column(batch: RolloutBatch, name: str, scores: torch.Tensor, w
     if batch.rewards is None or batch.reward is None:
         raise RuntimeError(f"reward column {name!r}: the batch has not been scored yet (run after the reward stage)")
     if name in batch.reward_names:
-        raise ValueError(f"reward column {name!r} already exists (reward terms: {batch.reward_names}); "
-                         "give the group stage another name or drop the reward term")
+        raise ValueError(
+            f"reward column {name!r} already exists (reward terms: {batch.reward_names}); "
+            "give the group stage another name or drop the reward term"
+        )
     scores = scores.to(device=batch.rewards.device, dtype=batch.rewards.dtype)
     batch.rewards = torch.cat([batch.rewards, scores[:, None]], 1)
     fails = batch.reward_failures

@@ -16,6 +16,7 @@ def greedy_baseline(batch: RolloutBatch, ctx, key: str = "greedy_reward") -> Rol
     terms; its total reward goes to every row of the group as ``batch.extras[key]``. Stats:
     ``remax/greedy_reward_mean``, ``remax/greedy_length_mean``."""
     from rlexp.rewards.scoring import score
+
     rollout, terms = ctx.rollout, ctx.reward_terms
     if rollout is None or terms is None:
         raise RuntimeError("greedy_baseline needs the rollout engine and reward terms (ctx.rollout, ctx.reward_terms)")
@@ -28,15 +29,24 @@ def greedy_baseline(batch: RolloutBatch, ctx, key: str = "greedy_reward") -> Rol
         out = rollout.generate(ctx.policy, ctx.tokenizer, prompts, num_generations=1, greedy=True)
     gid = batch.group_ids[firsts]
     greedy = RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
-        completion_mask=out.completion_mask, sampling_logprobs=out.logprobs, truncated=out.truncated,
-        group_ids=gid, prompts=prompts, completions=out.texts, records=[batch.records[i] for i in firsts])
+        prompt_ids=out.prompt_ids,
+        prompt_mask=out.prompt_mask,
+        completion_ids=out.completion_ids,
+        completion_mask=out.completion_mask,
+        sampling_logprobs=out.logprobs,
+        truncated=out.truncated,
+        group_ids=gid,
+        prompts=prompts,
+        completions=out.texts,
+        records=[batch.records[i] for i in firsts],
+    )
     t1 = time.perf_counter()
     score(greedy, terms)
     batch.stats["time/reward_s"] = batch.stats.get("time/reward_s", 0.0) + time.perf_counter() - t1
     lookup = {int(g): float(r) for g, r in zip(gid.tolist(), greedy.reward.tolist())}
-    batch.extras[key] = torch.tensor([lookup[int(g)] for g in batch.group_ids.tolist()], dtype=torch.float32,
-                                     device=batch.reward.device)
+    batch.extras[key] = torch.tensor(
+        [lookup[int(g)] for g in batch.group_ids.tolist()], dtype=torch.float32, device=batch.reward.device
+    )
     batch.stats["remax/greedy_reward_mean"] = float(greedy.reward.mean())
     batch.stats["remax/greedy_length_mean"] = float(greedy.lengths.float().mean())
     batch.stats["time/greedy_generate_s"] = t1 - t0

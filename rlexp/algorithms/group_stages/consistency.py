@@ -44,9 +44,17 @@ from rlexp.rewards.likelihood import answer_confidence
 SCOPES = ("group", "batch")
 
 
-def care_bonus(accuracy: torch.Tensor, confidence: torch.Tensor, group_ids: torch.Tensor, *, coef: float = 0.5,
-               accuracy_floor: float = 0.1, confidence_cap: float | None = 0.95, margin: float = 0.0,
-               scope: str = "group") -> dict[str, torch.Tensor]:
+def care_bonus(
+    accuracy: torch.Tensor,
+    confidence: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    coef: float = 0.5,
+    accuracy_floor: float = 0.1,
+    confidence_cap: float | None = 0.95,
+    margin: float = 0.0,
+    scope: str = "group",
+) -> dict[str, torch.Tensor]:
     """The GRPO-CARE bonus for each row (see module doc).
 
     Returns per-row tensors: ``bonus``, ``accurate`` (bool), ``consistent`` (bool: accurate and
@@ -71,11 +79,12 @@ def care_bonus(accuracy: torch.Tensor, confidence: torch.Tensor, group_ids: torc
     measured = accurate & ~torch.isnan(conf)
     n_meas = torch.zeros(k, device=acc.device).index_add_(0, inv, measured.float())
     s_meas = torch.zeros(k, device=acc.device).index_add_(0, inv, torch.where(measured, conf, torch.zeros_like(conf)))
-    threshold = torch.where(n_meas > 0, s_meas / n_meas.clamp(min=1) - margin, torch.full_like(s_meas, float("nan")))[inv]
+    threshold = torch.where(n_meas > 0, s_meas / n_meas.clamp(min=1) - margin, torch.full_like(s_meas, float("nan")))[
+        inv
+    ]
     consistent = measured & (conf >= threshold)
     bonus = torch.where(consistent, coef * acc, torch.zeros_like(acc))
-    return {"bonus": bonus, "accurate": accurate, "consistent": consistent, "threshold": threshold,
-            "confidence": conf}
+    return {"bonus": bonus, "accurate": accurate, "consistent": consistent, "threshold": threshold, "confidence": conf}
 
 
 def _mean(x: torch.Tensor) -> float:
@@ -102,15 +111,25 @@ class ConsistencyBonus:
 
     needs_reference = True
 
-    def __init__(self, accuracy_term: str = "accuracy", coef: float = 0.5, accuracy_floor: float = 0.1,
-                 confidence_cap: float | None = 0.95, margin: float = 0.0, scope: str = "group",
-                 name: str = "care_bonus", batch_size: int = 16):
+    def __init__(
+        self,
+        accuracy_term: str = "accuracy",
+        coef: float = 0.5,
+        accuracy_floor: float = 0.1,
+        confidence_cap: float | None = 0.95,
+        margin: float = 0.0,
+        scope: str = "group",
+        name: str = "care_bonus",
+        batch_size: int = 16,
+    ):
         if scope not in SCOPES:
             raise ValueError(f"algorithm.group_stages: ConsistencyBonus.scope={scope!r} is not one of {SCOPES}")
         if coef < 0:
             raise ValueError(f"algorithm.group_stages: ConsistencyBonus.coef={coef} must be >= 0")
         if confidence_cap is not None and not 0 < confidence_cap <= 1:
-            raise ValueError(f"algorithm.group_stages: ConsistencyBonus.confidence_cap={confidence_cap} must be in (0, 1]")
+            raise ValueError(
+                f"algorithm.group_stages: ConsistencyBonus.confidence_cap={confidence_cap} must be in (0, 1]"
+            )
         if batch_size < 1:
             raise ValueError(f"algorithm.group_stages: ConsistencyBonus.batch_size={batch_size} must be >= 1")
         self.accuracy_term, self.coef, self.accuracy_floor = accuracy_term, float(coef), float(accuracy_floor)
@@ -120,19 +139,32 @@ class ConsistencyBonus:
     def confidence(self, batch: RolloutBatch, ctx) -> torch.Tensor:
         """(N,) reference likelihood of each stated answer given its reasoning (NaN: no answer)."""
         if ctx.reference is None or ctx.reference.model is None:
-            raise RuntimeError("ConsistencyBonus needs a reference model: set algorithm.reference.kind to ema or frozen")
+            raise RuntimeError(
+                "ConsistencyBonus needs a reference model: set algorithm.reference.kind to ema or frozen"
+            )
         model = ctx.reference.model
-        return answer_confidence(model, ctx.tokenizer, batch.prompts, batch.completions, ctx.answer_format,
-                                 batch_size=self.batch_size)
+        return answer_confidence(
+            model, ctx.tokenizer, batch.prompts, batch.completions, ctx.answer_format, batch_size=self.batch_size
+        )
 
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
         if self.accuracy_term not in batch.reward_names:
-            raise KeyError(f"algorithm.group_stages: ConsistencyBonus.accuracy_term={self.accuracy_term!r} "
-                           f"is not a reward term (terms: {batch.reward_names})")
+            raise KeyError(
+                f"algorithm.group_stages: ConsistencyBonus.accuracy_term={self.accuracy_term!r} "
+                f"is not a reward term (terms: {batch.reward_names})"
+            )
         acc = batch.term(self.accuracy_term)
         raw = self.confidence(batch, ctx).to(acc.device)
-        out = care_bonus(acc, raw, batch.group_ids, coef=self.coef, accuracy_floor=self.accuracy_floor,
-                         confidence_cap=self.confidence_cap, margin=self.margin, scope=self.scope)
+        out = care_bonus(
+            acc,
+            raw,
+            batch.group_ids,
+            coef=self.coef,
+            accuracy_floor=self.accuracy_floor,
+            confidence_cap=self.confidence_cap,
+            margin=self.margin,
+            scope=self.scope,
+        )
         append_reward_column(batch, self.name, out["bonus"])
         batch.extras["care_confidence"] = raw
         batch.extras["care_accurate"] = out["accurate"]
@@ -147,6 +179,6 @@ class ConsistencyBonus:
         s["care/confidence_mean"] = _mean(raw)
         s["care/answer_parsed_frac"] = float((~torch.isnan(raw)).float().mean())
         s["care/accurate_frac"] = float(out["accurate"].float().mean())
-        s["care/consistency_rate"] = (float(out["consistent"].sum() / measured.sum()) if measured.any() else math.nan)
+        s["care/consistency_rate"] = float(out["consistent"].sum() / measured.sum()) if measured.any() else math.nan
         s["care/threshold_mean"] = _mean(out["threshold"][first])
         return batch

@@ -39,8 +39,15 @@ def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
 
 
 @GROUP_STAGES.register
-def dynamic_sampling(batch: RolloutBatch, ctx, max_rounds: int = 3, metric: str | None = None,
-                     target_groups: int | None = None, oversample: float = 1.0, tol: float = 1e-8) -> RolloutBatch:
+def dynamic_sampling(
+    batch: RolloutBatch,
+    ctx,
+    max_rounds: int = 3,
+    metric: str | None = None,
+    target_groups: int | None = None,
+    oversample: float = 1.0,
+    tol: float = 1e-8,
+) -> RolloutBatch:
     """DAPO dynamic sampling: keep only groups whose ``metric`` (a reward term name; ``None`` = the
     total reward) varies, and refill by sampling fresh prompts with ``ctx.sample`` until
     ``target_groups`` (default ``trainer.prompts_per_step``) groups are kept or ``max_rounds`` refill
@@ -72,16 +79,24 @@ def dynamic_sampling(batch: RolloutBatch, ctx, max_rounds: int = 3, metric: str 
     if parts:
         out = _first_groups(RolloutBatch.concat(parts) if len(parts) > 1 else parts[0], target)
     else:
-        log.warning("dynamic_sampling: no group with varying %s after %d refill rounds; keeping the batch",
-                    metric or "reward", rounds)
+        log.warning(
+            "dynamic_sampling: no group with varying %s after %d refill rounds; keeping the batch",
+            metric or "reward",
+            rounds,
+        )
         out = batch
     out.stats = dict(batch.stats)
     if refill_reward_s:
         out.stats["time/reward_s"] = out.stats.get("time/reward_s", 0.0) + refill_reward_s
     kept_groups = out.num_groups if parts else 0
-    out.stats.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": float(kept_groups),
-                      "dynamic_sampling/sampled_groups": float(sampled),
-                      "dynamic_sampling/dropped_groups": float(sampled - kept_groups)})
+    out.stats.update(
+        {
+            "dynamic_sampling/rounds": float(rounds),
+            "dynamic_sampling/kept_groups": float(kept_groups),
+            "dynamic_sampling/sampled_groups": float(sampled),
+            "dynamic_sampling/dropped_groups": float(sampled - kept_groups),
+        }
+    )
     return out
 
 

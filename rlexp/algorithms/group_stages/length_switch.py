@@ -21,6 +21,7 @@ are not in the abstract; so here:
 
 The applied penalty is appended as a reward column (``name``) and summed into ``batch.reward``.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,12 +60,21 @@ class LambdaSwitch:
 
     needs_reference = False
 
-    def __init__(self, accuracy_term: str = "accuracy", correct_min: float = 1.0, threshold: float = 0.5,
-                 top_fraction: float | None = None, weight: float = 1.0, name: str = "length_penalty"):
+    def __init__(
+        self,
+        accuracy_term: str = "accuracy",
+        correct_min: float = 1.0,
+        threshold: float = 0.5,
+        top_fraction: float | None = None,
+        weight: float = 1.0,
+        name: str = "length_penalty",
+    ):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"algorithm.group_stages: LambdaSwitch.threshold={threshold} must be in [0, 1]")
         if top_fraction is not None and not 0.0 <= top_fraction <= 1.0:
-            raise ValueError(f"algorithm.group_stages: LambdaSwitch.top_fraction={top_fraction} must be in [0, 1] or null")
+            raise ValueError(
+                f"algorithm.group_stages: LambdaSwitch.top_fraction={top_fraction} must be in [0, 1] or null"
+            )
         if weight < 0:
             raise ValueError(f"algorithm.group_stages: LambdaSwitch.weight={weight} must be >= 0")
         self.accuracy_term, self.correct_min = accuracy_term, float(correct_min)
@@ -72,12 +82,16 @@ class LambdaSwitch:
 
     def __call__(self, batch: RolloutBatch, ctx=None) -> RolloutBatch:
         if self.accuracy_term not in batch.reward_names:
-            raise KeyError(f"algorithm.group_stages: LambdaSwitch.accuracy_term={self.accuracy_term!r} "
-                           f"is not a reward term (terms: {batch.reward_names})")
+            raise KeyError(
+                f"algorithm.group_stages: LambdaSwitch.accuracy_term={self.accuracy_term!r} "
+                f"is not a reward term (terms: {batch.reward_names})"
+            )
         if self.name in batch.reward_names:
-            raise ValueError(f"algorithm.group_stages: LambdaSwitch.name={self.name!r} is already a reward term "
-                             f"({batch.reward_names}); GRPO-λ adds the length penalty itself: use a reward config "
-                             "without it (e.g. reward=accuracy_format)")
+            raise ValueError(
+                f"algorithm.group_stages: LambdaSwitch.name={self.name!r} is already a reward term "
+                f"({batch.reward_names}); GRPO-λ adds the length penalty itself: use a reward config "
+                "without it (e.g. reward=accuracy_format)"
+            )
         correct = batch.term(self.accuracy_term) >= self.correct_min
         lengths = batch.lengths.float()
         _, inv = torch.unique(batch.group_ids, return_inverse=True)

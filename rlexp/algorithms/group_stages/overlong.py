@@ -14,13 +14,21 @@ def soft_overlong_punishment(lengths: torch.Tensor, max_length: float, cache_len
     lengths = lengths.float()
     free = max_length - cache_length
     ramp = (free - lengths) / cache_length
-    return torch.where(lengths <= free, torch.zeros_like(lengths),
-                       torch.where(lengths <= max_length, ramp, -torch.ones_like(lengths)))
+    return torch.where(
+        lengths <= free, torch.zeros_like(lengths), torch.where(lengths <= max_length, ramp, -torch.ones_like(lengths))
+    )
 
 
 @GROUP_STAGES.register
-def overlong_penalty(batch: RolloutBatch, ctx=None, max_length: float | None = None, cache_length: float | None = None,
-                     cache_fraction: float = 0.2, weight: float = 1.0, name: str = "overlong") -> RolloutBatch:
+def overlong_penalty(
+    batch: RolloutBatch,
+    ctx=None,
+    max_length: float | None = None,
+    cache_length: float | None = None,
+    cache_fraction: float = 0.2,
+    weight: float = 1.0,
+    name: str = "overlong",
+) -> RolloutBatch:
     """DAPO soft overlong punishment as an extra reward term ``name`` (weight ``weight``), so it shows
     in ``reward/<name>/mean`` and in per-term estimators (GDPO). L_max = ``max_length`` (default
     ``trainer.max_new_tokens``), L_cache = ``cache_length`` or ``cache_fraction``·L_max (DAPO:

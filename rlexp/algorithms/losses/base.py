@@ -9,7 +9,7 @@ import torch
 
 @dataclass
 class LossOutput:
-    per_token: torch.Tensor                      # (N, T) loss per token, before aggregation
+    per_token: torch.Tensor  # (N, T) loss per token, before aggregation
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)  # (N, T) values to average over the mask
 
 
@@ -19,8 +19,12 @@ def expand_like(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def ratio_stats(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> dict[str, torch.Tensor]:
     low, high = low.float(), high.float()
-    return {"clip/low_frac": low, "clip/high_frac": high, "clip/region_frac": torch.clamp(low + high, max=1),
-            "ratio/mean": ratio.detach()}
+    return {
+        "clip/low_frac": low,
+        "clip/high_frac": high,
+        "clip/region_frac": torch.clamp(low + high, max=1),
+        "ratio/mean": ratio.detach(),
+    }
 
 
 def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,15 @@ from rlexp.core.registry import LOSSES
 
 
 @LOSSES.register
-def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-             eps_low: float = 0.2, eps_high: float | None = None, dual_clip: float | None = None) -> LossOutput:
+def ppo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> LossOutput:
     """PPO clipped surrogate (Proximal Policy Optimization Algorithms, 2017) as used by GRPO
     (DeepSeekMath, 2024), with asymmetric clip-higher ε_low/ε_high (DAPO, 2025) and optional dual
     clip ``c`` that caps the loss of negative-advantage tokens at c·|A| (Dual-Clip PPO, 2019).
@@ -26,14 +33,24 @@ def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
         loss = torch.where(adv < 0, torch.min(loss, -dual_clip * adv), loss)
     low = ((ratio < 1 - eps_low) & (adv < 0)).float()
     high = ((ratio > 1 + eps_high) & (adv > 0)).float()
-    stats = {"clip/low_frac": low, "clip/high_frac": high, "clip/region_frac": torch.clamp(low + high, max=1),
-             "ratio/mean": ratio.detach()}
+    stats = {
+        "clip/low_frac": low,
+        "clip/high_frac": high,
+        "clip/region_frac": torch.clamp(low + high, max=1),
+        "ratio/mean": ratio.detach(),
+    }
     return LossOutput(loss, stats)
 
 
 @LOSSES.register
-def cispo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          eps_low: float | None = None, eps_high: float = 4.0) -> LossOutput:
+def cispo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float | None = None,
+    eps_high: float = 4.0,
+) -> LossOutput:
     """CISPO ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", 2025):
     REINFORCE with a clipped, stop-gradient importance weight, ℓ_t = −sg(clip(r_t, 1 − ε_low,
     1 + ε_high))·A·log π_θ — every token keeps a gradient. ``eps_low=None`` leaves the ratio

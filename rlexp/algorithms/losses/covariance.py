@@ -18,9 +18,18 @@ def _token_cov(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> tor
 
 
 @LOSSES.register
-def clip_cov(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-             eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio: float = 2e-4, cov_lb: float = 1.0,
-             cov_ub: float = 5.0, generator: torch.Generator | None = None) -> LossOutput:
+def clip_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio: float = 2e-4,
+    cov_lb: float = 1.0,
+    cov_ub: float = 5.0,
+    generator: torch.Generator | None = None,
+) -> LossOutput:
     """Clip-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
     2025): among the tokens the PPO clip leaves unclipped, those whose centred covariance
     (A − Ā)(log π − mean log π) lies in (cov_lb, cov_ub) are candidates; ⌊clip_ratio·#tokens⌋ (≥ 1)
@@ -45,8 +54,14 @@ def clip_cov(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
 
 
 @LOSSES.register
-def kl_cov(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-           kl_ratio: float = 2e-3, kl_coef: float = 1.0) -> LossOutput:
+def kl_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    kl_ratio: float = 2e-3,
+    kl_coef: float = 1.0,
+) -> LossOutput:
     """KL-Cov (same paper): unclipped surrogate −A·r_t, plus a penalty kl_coef·|log r_t| on the
     ⌊kl_ratio·#tokens⌋ (≥ 1) valid tokens with the largest centred covariance
     (A − Ā)(log π − mean log π). Statistics are over the micro-batch (verl)."""

@@ -9,8 +9,14 @@ from rlexp.core.registry import LOSSES
 
 
 @LOSSES.register
-def gspo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         eps_low: float = 3e-4, eps_high: float = 4e-4) -> LossOutput:
+def gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> LossOutput:
     """GSPO ("Group Sequence Policy Optimization", 2025), the GSPO-token form: the sequence ratio
     s_i = exp(mean_t log r_t) (length-normalised) is clipped to [1 − ε_low, 1 + ε_high]; per token
     s_i,t = sg[s_i]·π_θ/sg[π_θ] carries the value of s_i and the gradient s_i·∇log π_θ. With one
@@ -22,13 +28,20 @@ def gspo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, m
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = -torch.min(ratio * adv, clipped * adv)
     seq_ratio = torch.exp(log_seq).unsqueeze(-1).expand_as(logp)
-    return LossOutput(loss, ratio_stats(seq_ratio, (seq_ratio < 1 - eps_low) & (adv < 0),
-                                         (seq_ratio > 1 + eps_high) & (adv > 0)))
+    return LossOutput(
+        loss, ratio_stats(seq_ratio, (seq_ratio < 1 - eps_low) & (adv < 0), (seq_ratio > 1 + eps_high) & (adv > 0))
+    )
 
 
 @LOSSES.register
-def gmpo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         eps_low: float = 0.4, eps_high: float = 0.4) -> LossOutput:
+def gmpo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.4,
+    eps_high: float = 0.4,
+) -> LossOutput:
     """GMPO ("GMPO: Geometric-Mean Policy Optimization", 2025): the sequence objective uses the
     geometric mean of the token ratios, clipped token-wise in log space to [−ε_low, ε_high]
     (pessimistically w.r.t. sign(A)): ℓ_i = −A_i·exp(mean_t sgn(A)·min(sgn(A)·log r_t,

@@ -9,8 +9,14 @@ from rlexp.core.registry import LOSSES
 
 
 @LOSSES.register
-def sapo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         tau_pos: float = 1.0, tau_neg: float = 1.05) -> LossOutput:
+def sapo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> LossOutput:
     """SAPO ("Soft Adaptive Policy Optimization", 2025): the hard clip is replaced by a soft gate,
     ℓ_t = −f(r_t)·A with f(r) = σ(τ(r − 1))·4/τ, τ = τ_pos for A > 0 and τ_neg otherwise. f'(1) = 1,
     so on-policy the gradient equals the unclipped surrogate's; away from r = 1 it decays smoothly.

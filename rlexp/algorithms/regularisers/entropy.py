@@ -8,6 +8,7 @@ The threshold is the (1 − ρ) quantile (linear interpolation, ``torch.quantile
 the valid tokens of the micro-batch being differentiated — TRL's scope on one process (it gathers
 across processes; verl's recipe also works per micro-batch). Tokens with entropy ≥ threshold are kept.
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ Divergence", 2020). ``log_ratio`` = log π_ref − log π_θ on tokens sampled f
 * ``abs`` |log_ratio|
 No clamps (TRL's convention; verl clamps k3 to ≤ 10).
 """
+
 from __future__ import annotations
 
 import torch

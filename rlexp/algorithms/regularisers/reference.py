@@ -6,6 +6,7 @@
   steps (GRPO-CARE, "Consistency-Aware RL for Multimodal Reasoning", 2025: d = 0.995 every 10
   steps in its released script).
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,7 @@ KINDS = ("none", "frozen", "ema")
 
 @REGULARISERS.register
 class ReferenceModel:
-    def __init__(self, policy: torch.nn.Module, kind: str = "frozen", ema_decay: float = 0.995,
-                 ema_interval: int = 1):
+    def __init__(self, policy: torch.nn.Module, kind: str = "frozen", ema_decay: float = 0.995, ema_interval: int = 1):
         if kind not in KINDS:
             raise ValueError(f"algorithm.reference.kind={kind!r} is not one of {KINDS}")
         if not 0.0 <= ema_decay <= 1.0:

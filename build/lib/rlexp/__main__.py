@@ -1,3 +1,0 @@
-from rlexp.cli import main
-
-main()

@@ -1,2 +1,0 @@
-"""The ``rlexp`` commands, one thin module each over library code: ``train``, ``evaluate`` (``rlexp eval``),
-``listing`` (``rlexp list``), ``compare``, ``replay``, ``bench``. ``rlexp.cli`` dispatches to them."""
