@@ -53,6 +53,9 @@ class Algorithm:
     mechanism: str = ""  # one line for `rlexp list algorithms`
     top_entropy_quantile: float = 1.0  # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
     critic: Any = None  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
+    # the method's update schedule: optimiser steps per rollout batch, one per mini-batch of whole groups
+    # (trainer.steps_per_rollout, when set, overrides it for every method)
+    steps_per_rollout: int = 1
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -74,6 +77,8 @@ class Algorithm:
             raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
         if self.needs_reference and self.reference.kind == "none":
             raise ValueError("algorithm.reference.kind=none but the KL term or a group stage needs a reference model")
+        if self.steps_per_rollout < 1:
+            raise ValueError(f"algorithm.steps_per_rollout={self.steps_per_rollout} must be >= 1")
         if not 0.0 < self.top_entropy_quantile <= 1.0:
             raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} must be in (0, 1]")
         if self.critic is not None:

@@ -15,14 +15,19 @@ class TrainerConfig:
     max_steps: int = 30
     prompts_per_step: int = 8  # distinct prompts per step (groups)
     num_generations: int = 4  # G, completions per prompt
-    num_iterations: int = 1  # μ, optimiser passes over one rollout batch
+    num_iterations: int = 1  # μ, optimiser passes (epochs) over one rollout batch
+    # k, optimiser steps per epoch, one per mini-batch of whole groups (TRL's steps_per_generation, verl's
+    # train batch / ppo_mini_batch_size); null: the method's schedule (algorithm.steps_per_rollout)
+    steps_per_rollout: Optional[int] = None
     micro_batch_size: int = 16  # completions per forward/backward (gradient accumulation = N / this)
     # and at most this many padded positions per forward/backward (rows × (prompt + completion window)):
     # short rows then train in larger micro-batches, long ones in smaller (null: rows only)
     micro_batch_tokens: Optional[int] = None
     max_new_tokens: int = 64
     temperature: float = 1.0
-    recompute_old_logprobs: bool = False  # μ > 1: old log-probs from a forward pass instead of the sampler's
+    # μ·k > 1: the old log-probs from a no-grad forward of the policy before the update (TRL, verl) instead of
+    # the sampler's recorded ones (null: recompute whenever μ·k > 1)
+    recompute_old_logprobs: Optional[bool] = None
     max_grad_norm: Optional[float] = 1.0
     warmup_steps: int = 0
     eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
@@ -151,6 +156,12 @@ def validate(cfg: DictConfig) -> None:
         (t.prompts_per_step >= 1, "trainer.prompts_per_step", t.prompts_per_step, "must be >= 1"),
         (t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1"),
         (t.num_iterations >= 1, "trainer.num_iterations", t.num_iterations, "must be >= 1"),
+        (
+            t.steps_per_rollout is None or 1 <= t.steps_per_rollout <= t.prompts_per_step,
+            "trainer.steps_per_rollout",
+            t.steps_per_rollout,
+            f"must be in [1, trainer.prompts_per_step={t.prompts_per_step}] (a mini-batch holds whole groups) or null",
+        ),
         (t.micro_batch_size >= 0, "trainer.micro_batch_size", t.micro_batch_size, "must be >= 0 (0: whole batch)"),
         (
             t.micro_batch_tokens is None or t.micro_batch_tokens > 0,

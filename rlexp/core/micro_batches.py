@@ -116,3 +116,20 @@ def plan_micro_batches(
         if sum(mb.positions for mb in by_group) < sum(mb.positions for mb in best):
             best = by_group
     return [mb.to(batch.prompt_ids.device) for mb in best]
+
+
+def group_mini_batches(group_ids: torch.Tensor, k: int, seed: int) -> list[torch.Tensor]:
+    """Row indices of ``k`` mini-batches for ``k`` optimiser steps on one rollout batch: whole groups (a
+    group's baseline and its rows' advantages stay together), the groups in an order drawn from ``seed``,
+    split as evenly as possible (the first ``n_groups % k`` mini-batches take one group more); rows keep
+    their batch order inside a mini-batch. ``k`` is capped at the number of groups (after DAPO's filter a
+    step may hold fewer groups than the schedule's mini-batches)."""
+    groups, inverse = torch.unique(group_ids.cpu(), return_inverse=True)
+    k = max(1, min(k, len(groups)))
+    order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed))
+    out = []
+    for chunk in torch.tensor_split(order, k):
+        member = torch.zeros(len(groups), dtype=torch.bool)
+        member[chunk] = True
+        out.append(member[inverse].nonzero().squeeze(-1))
+    return out

@@ -78,24 +78,32 @@ def convert_gguf_once(
             return target
         src = Path(gguf_path) if gguf_path else gguf_file_path(package, filename)
         log.info("Converting %s to a transformers checkpoint in %s (one time)", src.name, target)
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-        dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
-        # The dequantised model cannot be save_pretrained directly: rebuild it from its config.
-        config = dequant.config
-        if hasattr(config, "quantization_config"):  # else the copy is flagged as GGUF-quantised, unsaveable
-            del config.quantization_config
-        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = clean.load_state_dict(dequant.state_dict(), strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-        if missing:  # tied embeddings
-            clean.tie_weights()
-        clean.save_pretrained(target)
-        tok.save_pretrained(target)
-        if dequant.generation_config is not None:
-            dequant.generation_config.save_pretrained(target)
+        # building the model from its config initialises weights with the global RNG: fork it, so the first
+        # run on a machine (which converts) draws the same samples as every later one (which only loads)
+        with torch.random.fork_rng(devices=[]):
+            _convert(src, target)
         marker.touch()
     return target
+
+
+def _convert(src: Path, target: Path) -> None:
+    """The dequantised GGUF as a ``save_pretrained`` checkpoint (and its tokenizer) in ``target``."""
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    # The dequantised model cannot be save_pretrained directly: rebuild it from its config.
+    config = dequant.config
+    if hasattr(config, "quantization_config"):  # else the copy is flagged as GGUF-quantised, unsaveable
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(dequant.state_dict(), strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    if missing:  # tied embeddings
+        clean.tie_weights()
+    clean.save_pretrained(target)
+    tok.save_pretrained(target)
+    if dequant.generation_config is not None:
+        dequant.generation_config.save_pretrained(target)
 
 
 def load_tokenizer(source: str, **kwargs) -> PreTrainedTokenizerBase:

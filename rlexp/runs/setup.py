@@ -48,10 +48,11 @@ def build_trackers(cfg: DictConfig, run_dir: Path):
     return MultiTracker(backends), JSONLTracker(run_dir / "metrics.jsonl")
 
 
-def build_scheduler(optimizer, warmup_steps: int, mu: int):
+def build_scheduler(optimizer, warmup_steps: int, steps_per_train_step: int):
+    """Linear warm-up over ``warmup_steps`` training steps, counted in optimiser steps (μ·k per training step)."""
     if warmup_steps <= 0:
         return None
-    total = warmup_steps * mu
+    total = warmup_steps * steps_per_train_step
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / total))
 
 

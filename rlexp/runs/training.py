@@ -64,7 +64,8 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     loaded = load_model(cfg.model, device)
     optimizer = build(cfg.optimizer, "optimizer")(loaded.model.parameters())
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
-    scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations)
+    steps_per_rollout = t.steps_per_rollout or algorithm.steps_per_rollout
+    scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations * steps_per_rollout)
     tracker, jsonl = build_trackers(cfg, run_dir)
     from rlexp.evaluation.consistency import meter_from_config
 

@@ -149,6 +149,12 @@ class Trainer:
             else model
         )
         self._next_group = 0
+        # the update schedule: μ epochs × k optimiser steps per rollout (trainer.steps_per_rollout overrides the
+        # method's); the old log-probs come from a fresh forward whenever the policy moves within a rollout
+        self.steps_per_rollout = settings.steps_per_rollout or algorithm.steps_per_rollout
+        off_policy = settings.num_iterations * self.steps_per_rollout > 1
+        recompute = settings.recompute_old_logprobs
+        self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
@@ -245,7 +251,7 @@ class Trainer:
                 kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
-        if self.s.num_iterations > 1 and self.s.recompute_old_logprobs:
+        if self.recompute_old_logprobs:
             batch.old_logprobs = batch_logprobs(
                 self.train_model,
                 batch,
@@ -270,6 +276,8 @@ class Trainer:
                 autocast_dtype=self.autocast_dtype,
                 share_prompts=self.share_prompts,
                 micro_batch_tokens=self.s.micro_batch_tokens,
+                steps_per_rollout=self.steps_per_rollout,
+                seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
             )
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0

@@ -1,5 +1,6 @@
-"""The update: μ passes over one rollout batch, each pass one optimiser step accumulated over
-micro-batches, with whole-batch loss normalisers (see ``aggregation``)."""
+"""The update: μ epochs over one rollout batch, each epoch k optimiser steps on k mini-batches of whole
+groups, each step accumulated over micro-batches with its mini-batch's loss normalisers (see
+``aggregation``; k = 1: the whole batch's, so micro-batching never changes the loss)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rlexp.algorithms.algorithm import Algorithm
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.forward import token_logprobs
 from rlexp.core.masks import loss_mask
-from rlexp.core.micro_batches import plan_micro_batches
+from rlexp.core.micro_batches import group_mini_batches, plan_micro_batches
 
 
 def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
@@ -70,75 +71,101 @@ def policy_update(
     autocast_dtype: torch.dtype | None = None,
     share_prompts: bool = True,
     micro_batch_tokens: int | None = None,
+    steps_per_rollout: int = 1,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Run μ optimiser steps on ``batch``; returns metrics averaged over the passes. With a critic
-    (``algo.critic``), μ critic passes follow on the same batch. Micro-batches: at most
-    ``micro_batch`` rows and ``micro_batch_tokens`` padded positions (``micro_batches``)."""
+    """μ epochs over ``batch``, each epoch ``steps_per_rollout`` (k) optimiser steps, one per mini-batch of
+    whole groups (``group_mini_batches``: a seeded split, the same in every epoch); returns metrics averaged
+    over the μ·k steps. Each step's loss normalisers are its mini-batch's (verl's per-mini-batch loss; with
+    k = 1 the whole batch's). With μ·k = 1 and no recorded old log-probs the update is on-policy: the old
+    log-probs are the detached current ones (ratio exactly 1); otherwise ``batch.old_logprobs`` (recomputed
+    before the update) or the sampler's. With a critic (``algo.critic``), μ critic passes follow on the
+    whole batch. Micro-batches: at most ``micro_batch`` rows and ``micro_batch_tokens`` padded positions."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
-    norm = Normaliser.from_mask(mask, algo.count_empty_rows, algo.norm_length)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
+    if steps_per_rollout > 1:
+        parts = [batch.select(rows) for rows in group_mini_batches(batch.group_ids, steps_per_rollout, seed)]
+    else:
+        parts = [batch]
+    n_steps = mu * len(parts)
+    on_policy = n_steps == 1 and batch.old_logprobs is None
+    steps = []  # per mini-batch: (rows' batch, mask, old log-probs, normaliser, token count, micro-batch plan)
+    for part in parts:
+        part_mask = mask if part is batch else loss_mask(part)
+        part_old = old if part is batch else (part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs)
+        plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens)
+        norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length)
+        steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
-    token_count = float(mask.sum().clamp(min=1))
-    plan = plan_micro_batches(batch, micro_batch, share_prompts, micro_batch_tokens)
-    positions = sum(mb.positions for mb in plan)
-    sums["train/micro_batches"] = float(len(plan))
-    sums["train/padding_share"] = 1.0 - sum(mb.tokens for mb in plan) / max(positions, 1)
+    plans = [mb for *_, plan in steps for mb in plan]
+    positions = sum(mb.positions for mb in plans)
+    sums["train/micro_batches"] = float(len(plans))
+    sums["train/padding_share"] = 1.0 - sum(mb.tokens for mb in plans) / max(positions, 1)
+    sums["train/optimizer_steps"] = float(n_steps)
+    mismatch = None  # the sampler's log-probs against the trainer's, before the first optimiser step
     for _ in range(mu):
-        optimizer.zero_grad(set_to_none=True)
-        pass_sums: dict[str, torch.Tensor] = {}
-        for mb in plan:
-            dev_idx = mb.dev_idx
-            p, pm, c, cm, end = mb.rows(batch)
-            logp, entropy = token_logprobs(
-                model,
-                p,
-                pm,
-                c,
-                cm,
-                temperature,
-                with_entropy=want_entropy,
-                autocast_dtype=autocast_dtype,
-                entropy_grad=bool(algo.entropy_coef),
-                share_prompts=share_prompts and mb.prompt_groups is not None,
-                prompt_groups=mb.prompt_groups,
-            )
-            old_lp = old[dev_idx, :end]
-            if mu == 1 and batch.old_logprobs is None:
-                old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
-            adv = batch.advantages[dev_idx]
-            adv = adv[:, :end] if adv.dim() == 2 else adv
-            lm = mask[dev_idx, :end]
-            ref_lp = batch.ref_logprobs[dev_idx, :end] if batch.ref_logprobs is not None else None
-            out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
-            loss = aggregate(out.per_token, lm, algo.aggregation, norm)
-            loss.backward()
-            # metrics stay on the device (summed as tensors): one host synchronisation per pass, not
-            # several per micro-batch, so the host keeps queueing the next micro-batch's kernels
-            _add(pass_sums, "loss/total", loss.detach())
-            _add(pass_sums, "entropy/mean", (entropy.detach() * lm).sum())
-            for k, v in out.token_stats.items():
-                _add(pass_sums, k, (v.detach().float() * lm).sum())
-            if "ratio/mean" in out.token_stats:
-                r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
-                _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
-                _add(pass_sums, "ratio/min", r.masked_fill(~valid, float("inf")).min(), torch.minimum)
-        pass_sums = _to_host(pass_sums)
-        for k, fold in (("ratio/max", max), ("ratio/min", min)):
-            v = pass_sums.pop(k, None)
-            if v is not None and abs(v) != float("inf"):
-                sums[k] = fold(sums[k], v) if k in sums else v
-        params = [q for q in model.parameters() if q.grad is not None]
-        gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
-        if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
+        for part, part_mask, part_old, norm, token_count, plan in steps:
             optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        sums["grad_norm"] += gn / mu
-        for k, v in pass_sums.items():
-            sums[k] += (v if k == "loss/total" else v / token_count) / mu
+            pass_sums: dict[str, torch.Tensor] = {}
+            first_step = mismatch is None
+            for mb in plan:
+                dev_idx = mb.dev_idx
+                p, pm, c, cm, end = mb.rows(part)
+                logp, entropy = token_logprobs(
+                    model,
+                    p,
+                    pm,
+                    c,
+                    cm,
+                    temperature,
+                    with_entropy=want_entropy,
+                    autocast_dtype=autocast_dtype,
+                    entropy_grad=bool(algo.entropy_coef),
+                    share_prompts=share_prompts and mb.prompt_groups is not None,
+                    prompt_groups=mb.prompt_groups,
+                )
+                old_lp = part_old[dev_idx, :end]
+                if on_policy:
+                    old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
+                adv = part.advantages[dev_idx]
+                adv = adv[:, :end] if adv.dim() == 2 else adv
+                lm = part_mask[dev_idx, :end]
+                ref_lp = part.ref_logprobs[dev_idx, :end] if part.ref_logprobs is not None else None
+                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
+                loss = aggregate(out.per_token, lm, algo.aggregation, norm)
+                loss.backward()
+                # metrics stay on the device (summed as tensors): one host synchronisation per pass, not
+                # several per micro-batch, so the host keeps queueing the next micro-batch's kernels
+                _add(pass_sums, "loss/total", loss.detach())
+                _add(pass_sums, "entropy/mean", (entropy.detach() * lm).sum())
+                for k, v in out.token_stats.items():
+                    _add(pass_sums, k, (v.detach().float() * lm).sum())
+                if "ratio/mean" in out.token_stats:
+                    r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
+                    _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
+                    _add(pass_sums, "ratio/min", r.masked_fill(~valid, float("inf")).min(), torch.minimum)
+                if first_step:
+                    add_mismatch(pass_sums, logp.detach(), part.sampling_logprobs[dev_idx, :end], cm)
+            pass_sums = _to_host(pass_sums)
+            for k, fold in (("ratio/max", max), ("ratio/min", min)):
+                v = pass_sums.pop(k, None)
+                if v is not None and abs(v) != float("inf"):
+                    sums[k] = fold(sums[k], v) if k in sums else v
+            if first_step:
+                mismatch = mismatch_metrics(pass_sums)
+            params = [q for q in model.parameters() if q.grad is not None]
+            gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+            if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
+                optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            sums["grad_norm"] += gn / n_steps
+            for k, v in pass_sums.items():
+                sums[k] += (v if k == "loss/total" else v / token_count) / n_steps
+    sums.update(mismatch or {})
     sums["lr"] = optimizer.param_groups[0]["lr"]
     if algo.critic is not None:
         sums.update(
@@ -151,3 +178,32 @@ def policy_update(
             )
         )
     return dict(sums)
+
+
+_MISMATCH = ("mismatch/kl", "mismatch/log_ratio_abs", "mismatch/ratio_max", "mismatch/ratio_min", "mismatch/tokens")
+
+
+def add_mismatch(acc: dict, train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> None:
+    """Accumulate the train–inference mismatch of one micro-batch on the device: with r = π_train/π_sampler
+    per sampled token, Σ (r − 1 − log r) (the k3 estimate of KL(π_sampler ‖ π_train) on the sampler's
+    tokens), Σ |log r|, max and min r, and the token count. The sampler is the rollout engine (a bf16 copy,
+    vLLM), the trainer the policy's own forward before any update of this step."""
+    m = mask.bool()
+    log_r = (train_logp.float() - sampler_logp.float()).masked_fill(~m, 0.0)
+    r = torch.exp(log_r)
+    _add(acc, "mismatch/kl", ((r - 1 - log_r) * m).sum())
+    _add(acc, "mismatch/log_ratio_abs", log_r.abs().sum())
+    _add(acc, "mismatch/ratio_max", r.masked_fill(~m, float("-inf")).max(), torch.maximum)
+    _add(acc, "mismatch/ratio_min", r.masked_fill(~m, float("inf")).min(), torch.minimum)
+    _add(acc, "mismatch/tokens", m.sum())
+
+
+def mismatch_metrics(host: dict[str, float]) -> dict[str, float]:
+    """Pop the mismatch sums of ``add_mismatch`` from ``host`` and turn them into token means."""
+    vals = {k: host.pop(k) for k in _MISMATCH if k in host}
+    n = max(vals.pop("mismatch/tokens", 0.0), 1.0)
+    out = {"mismatch/kl": vals["mismatch/kl"] / n, "mismatch/log_ratio_abs": vals["mismatch/log_ratio_abs"] / n}
+    for k in ("mismatch/ratio_max", "mismatch/ratio_min"):
+        if abs(vals[k]) != float("inf"):
+            out[k] = vals[k]
+    return out

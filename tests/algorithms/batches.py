@@ -57,11 +57,20 @@ def tiny_policy(seed=0):
     return LlamaForCausalLM(cfg)
 
 
-def token_batch(seed=0):
-    """Four rows (groups of two) with random prompt/completion ids < 32 and lengths 4, 2, 1, 3."""
-    g = torch.Generator().manual_seed(seed)
-    b = make_batch([1.0, 0.0, 1.0, 0.5], [0, 0, 1, 1], lengths=[4, 2, 1, 3], width=4)
-    b.prompt_ids = torch.randint(1, 32, (4, 3), generator=g)
-    b.prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 1]])
-    b.completion_ids = torch.randint(1, 32, (4, 4), generator=g) * b.completion_mask
+def token_batch(seed=0, n_groups=None, g=2):
+    """Four rows (groups of two) with random prompt/completion ids < 32 and lengths 4, 2, 1, 3; with
+    ``n_groups``, that many groups of ``g`` rows with random lengths 1..4 instead."""
+    gen = torch.Generator().manual_seed(seed)
+    if n_groups is None:
+        b = make_batch([1.0, 0.0, 1.0, 0.5], [0, 0, 1, 1], lengths=[4, 2, 1, 3], width=4)
+        b.prompt_ids = torch.randint(1, 32, (4, 3), generator=gen)
+        b.prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 1]])
+    else:
+        n = n_groups * g
+        lengths = torch.randint(1, 5, (n,), generator=gen).tolist()
+        groups = [i // g for i in range(n)]
+        b = make_batch([float(i % 2) for i in range(n)], groups, lengths=lengths, width=4)
+        prompts = torch.randint(1, 32, (n_groups, 3), generator=gen)
+        b.prompt_ids = prompts.repeat_interleave(g, 0)
+    b.completion_ids = torch.randint(1, 32, (len(b), 4), generator=gen) * b.completion_mask
     return b
