@@ -92,7 +92,10 @@ def policy_update(
     steps = []  # per mini-batch: (rows' batch, mask, old log-probs, normaliser, token count, micro-batch plan)
     for part in parts:
         part_mask = mask if part is batch else loss_mask(part)
-        part_old = old if part is batch else (part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs)
+        if part is batch:
+            part_old = old
+        else:
+            part_old = part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs
         plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens)
         norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length)
         steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
