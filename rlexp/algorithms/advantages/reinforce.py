@@ -20,10 +20,13 @@ def _token_returns(reward: torch.Tensor, mask: torch.Tensor, gamma: float) -> to
 
 
 @ADVANTAGES.register
-def raw_reward(batch: RolloutBatch, baseline: str = "none") -> torch.Tensor:
+def raw_reward(batch: RolloutBatch, baseline: str | float = "none") -> torch.Tensor:
     """The reward itself as advantage (plain REINFORCE; Williams, 1992), optionally minus a baseline:
-    ``none``, ``batch`` (mean reward of the batch) or ``group`` (mean reward of the row's group)."""
+    ``none``, ``batch`` (mean reward of the batch), ``group`` (mean reward of the row's group) or a
+    constant c (TOPR's baseline parameter, "Tapered Off-Policy REINFORCE", 2025)."""
     r = batch.reward.float()
+    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        return r - float(baseline)
     if baseline == "none":
         return r.clone()
     if baseline == "batch":
@@ -31,7 +34,7 @@ def raw_reward(batch: RolloutBatch, baseline: str = "none") -> torch.Tensor:
     if baseline == "group":
         mean, _, _ = group_stats(r, batch.group_ids)
         return r - mean
-    raise ValueError(f"advantage raw_reward baseline={baseline!r} is not one of ['none', 'batch', 'group']")
+    raise ValueError(f"advantage raw_reward baseline={baseline!r} is not one of ['none', 'batch', 'group'] or a number")
 
 
 @ADVANTAGES.register
