@@ -9,6 +9,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence_reject")
+
 
 @dataclass
 class TrainerConfig:
@@ -28,6 +30,10 @@ class TrainerConfig:
     # μ·k > 1: the old log-probs from a no-grad forward of the policy before the update (TRL, verl) instead of
     # the sampler's recorded ones (null: recompute whenever μ·k > 1)
     recompute_old_logprobs: Optional[bool] = None
+    # train-inference mismatch correction (rlexp/algorithms/regularisers/rollout_correction.py): null, token_truncate,
+    # token_mask, sequence_truncate, sequence_mask, sequence_reject; the threshold C (implies recomputed old log-probs)
+    rollout_correction: Optional[str] = None
+    rollout_correction_threshold: float = 2.0
     max_grad_norm: Optional[float] = 1.0
     warmup_steps: int = 0
     eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
@@ -170,6 +176,19 @@ def validate(cfg: DictConfig) -> None:
             "must be > 0 or null (no token budget)",
         ),
         (t.max_new_tokens > 0, "trainer.max_new_tokens", t.max_new_tokens, "must be > 0"),
+        (
+            t.rollout_correction in (None, *CORRECTION_MODES),
+            "trainer.rollout_correction",
+            t.rollout_correction,
+            f"must be null or one of {list(CORRECTION_MODES)}",
+        ),
+        (
+            t.rollout_correction_threshold > 1
+            or (t.rollout_correction_threshold > 0 and t.rollout_correction != "sequence_reject"),
+            "trainer.rollout_correction_threshold",
+            t.rollout_correction_threshold,
+            "must be > 0 (> 1 for sequence_reject)",
+        ),
         (t.temperature > 0, "trainer.temperature", t.temperature, "must be > 0"),
         (t.eval_every >= 0, "trainer.eval_every", t.eval_every, "must be >= 0"),
         (t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, "must be >= 0"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 LOSS_MASK = "loss_mask"
+IS_WEIGHTS = "is_weights"  # (N, T) importance weights on the per-token loss (train-inference correction)
 
 
 def loss_mask(batch) -> torch.Tensor:

@@ -17,7 +17,9 @@ from torch.profiler import record_function
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
+from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import IS_WEIGHTS
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -155,6 +157,10 @@ class Trainer:
         off_policy = settings.num_iterations * self.steps_per_rollout > 1
         recompute = settings.recompute_old_logprobs
         self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
+        self.correction = None  # train-inference mismatch correction: needs the trainer's own old log-probs
+        if settings.rollout_correction:
+            self.correction = RolloutCorrection(settings.rollout_correction, settings.rollout_correction_threshold)
+            self.recompute_old_logprobs = True
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
@@ -261,6 +267,12 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
             )
+        if self.correction is not None:
+            weights, correction_stats = self.correction(
+                batch.old_logprobs, batch.sampling_logprobs, batch.completion_mask
+            )
+            batch.extras[IS_WEIGHTS] = weights
+            kl_metrics.update(correction_stats)
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.advantage(batch)
             train = policy_update(

@@ -13,7 +13,7 @@ from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.forward import token_logprobs
-from rlexp.core.masks import loss_mask
+from rlexp.core.masks import IS_WEIGHTS, loss_mask
 from rlexp.core.micro_batches import group_mini_batches, plan_micro_batches
 
 
@@ -136,7 +136,10 @@ def policy_update(
                 lm = part_mask[dev_idx, :end]
                 ref_lp = part.ref_logprobs[dev_idx, :end] if part.ref_logprobs is not None else None
                 out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
-                loss = aggregate(out.per_token, lm, algo.aggregation, norm)
+                per_token = out.per_token
+                if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
+                    per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]
+                loss = aggregate(per_token, lm, algo.aggregation, norm)
                 loss.backward()
                 # metrics stay on the device (summed as tensors): one host synchronisation per pass, not
                 # several per micro-batch, so the host keeps queueing the next micro-batch's kernels

@@ -66,3 +66,19 @@ def test_overlong_masking_stage_in_a_run(tiny_cfg):
     assert m["overlong/masked_frac"] == pytest.approx(m["length/truncated_frac"])
     if m["overlong/masked_frac"] == 1.0:  # every completion hit the limit: nothing left in the loss
         assert m["loss/total"] == 0.0
+
+
+def test_ratio_methods_take_their_schedule_on_tiny(tiny_cfg):
+    """A ratio method's own config gives k optimiser steps per rollout (capped at the step's groups); the
+    ratio leaves 1 after the first (trainer.prompts_per_step is 2 in the tiny config: 2 steps)."""
+    result = run(tiny_cfg(*VARYING, *FAST, "algorithm=gspo"))
+    m = result.metrics
+    assert m["train/optimizer_steps"] == 2.0
+    assert m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0
+    assert "mismatch/kl" in m and m["mismatch/kl"] >= 0
+
+
+def test_rollout_correction_runs_and_reports(tiny_cfg):
+    result = run(tiny_cfg(*VARYING, *FAST, "trainer.rollout_correction=token_truncate"))
+    m = result.metrics
+    assert 0.0 <= m["rollout_correction/affected_frac"] <= 1.0 and m["rollout_correction/weight_mean"] > 0
