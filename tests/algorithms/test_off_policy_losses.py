@@ -72,3 +72,33 @@ def test_m2po_is_the_unclipped_surrogate_on_the_kept_tokens():
     out.per_token.sum().backward()
     torch.testing.assert_close(logp.grad, -r * adv[:, None] * keep, rtol=1e-6, atol=1e-6)  # d r / d log π = r
     assert out.token_stats["m2po/masked_frac"].sum().item() == 1.0
+
+
+def test_bapo_bound_search_hand_computed():
+    """A = +1, −1, −1, −1 with r = 1.5, 0.62, 0.75, 1.0. Start [0.6, 1.2]: the positive token is clipped
+    (r > 1.2), the three negatives pass: share 0 < 0.5. Raise c_low 0.65 (drops r = 0.62: share 0), 0.70,
+    0.75 (r = 0.75 ≥ 0.75 still passes), 0.80 (drops it: only r = 1.0 left, share 0) ... up to 0.9: still 0
+    (the positive is clipped). Then c_high 1.25, ..., 1.5: the positive passes, share 1.5 / (1.5 + 1.0) = 0.6."""
+    from rlexp.algorithms.losses.adaptive_clip import adapt_bounds, balance
+
+    r = torch.tensor([[1.5, 0.62, 0.75, 1.0]])
+    a = torch.tensor([[1.0, -1.0, -1.0, -1.0]])
+    m = torch.ones(1, 4)
+    assert balance(r, a, m, 0.6, 1.2) == 0.0
+    low, high, share = adapt_bounds(r, a, m, 0.5, (0.6, 0.9, 0.05), (1.2, 3.0, 0.05))
+    assert low == pytest.approx(0.9) and high == pytest.approx(1.5) and share == pytest.approx(0.6)
+    # already balanced: the bounds stay where they start
+    assert adapt_bounds(r, -a, m, 0.5, (0.6, 0.9, 0.05), (1.2, 3.0, 0.05))[:2] == (0.6, 1.2)
+
+
+def test_bapo_loss_is_ppo_clip_at_the_searched_bounds():
+    from rlexp.algorithms.losses.adaptive_clip import bapo
+    from rlexp.algorithms.losses.clip import ppo_clip
+
+    logp = torch.log(torch.tensor([[1.5, 0.62, 0.75, 1.0]]))
+    old = torch.zeros(1, 4)
+    tok_adv = torch.tensor([[1.0, -1.0, -1.0, -1.0]])
+    out = bapo(logp, old, tok_adv, torch.ones(1, 4))
+    ref = ppo_clip(logp, old, tok_adv, torch.ones(1, 4), eps_low=1 - 0.9, eps_high=1.5 - 1, dual_clip=3.0)
+    torch.testing.assert_close(out.per_token, ref.per_token)
+    assert out.token_stats["bapo/clip_high"][0, 0].item() == pytest.approx(1.5)

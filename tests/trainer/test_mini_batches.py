@@ -109,7 +109,7 @@ def test_mismatch_metrics_on_the_first_step(ppo_clip):
 
 # ---- each ratio method: inert at ratio 1 (where it coincides with GRPO), acting once the policy has moved ----
 
-RATIO_METHODS = ["dapo", "gspo", "sapo", "cispo", "gmpo", "kl_cov", "ppo", "topr", "m2po"]
+RATIO_METHODS = ["dapo", "gspo", "sapo", "cispo", "gmpo", "kl_cov", "ppo", "topr", "m2po", "bapo"]
 
 
 def _method_loss(name):
@@ -147,7 +147,20 @@ def test_ratio_method_coincides_with_grpo_at_ratio_one_and_differs_after_a_step(
 
 
 def test_ratio_configs_set_their_sources_schedule():
-    for name in ("dapo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "ppo", "dapo_8020", "topr", "m2po"):
+    for name in (
+        "dapo",
+        "gspo",
+        "sapo",
+        "cispo",
+        "gmpo",
+        "clip_cov",
+        "kl_cov",
+        "ppo",
+        "dapo_8020",
+        "topr",
+        "m2po",
+        "bapo",
+    ):
         cfg = OmegaConf.load(Path(CONF_DIR) / "algorithm" / f"{name}.yaml")
         assert cfg.steps_per_rollout > 1, name
     assert OmegaConf.load(Path(CONF_DIR) / "algorithm" / "grpo.yaml").get("steps_per_rollout", 1) == 1
