@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-30}
 OUT=${OUT:-/tmp/offpolicy}
 DEST=results/algorithms/offpolicy_smollm2
-ARMS=(${ARMS:-grpo dapo gspo cispo m2po topr})
+ARMS=(${ARMS:-grpo dapo gspo cispo bapo m2po topr})
 mkdir -p "$OUT" "$DEST/runs"
 run_arm() {
   local m=$1
