@@ -208,3 +208,42 @@ def test_raw_reward_baselines():
     close(raw_reward(b, baseline="group"), [0.5, -0.5, 0, 0])
     with pytest.raises(ValueError, match="baseline"):
         raw_reward(b, baseline="median")
+
+
+def _verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """verl's compute_grpo_passk_outcome_advantage (core_algos.py), transcribed for the parity test: a loop over
+    groups, torch.topk(·, 2) for the best two, the advantage on the best row only."""
+    from collections import defaultdict
+
+    advantages = torch.zeros_like(scores)
+    id2scores, id2indices = defaultdict(list), defaultdict(list)
+    for i in range(scores.shape[0]):
+        id2scores[index[i]].append(scores[i])
+        id2indices[index[i]].append(i)
+    for idx in id2scores:
+        rewards = torch.stack(id2scores[idx])
+        topk, topk_idx = torch.topk(rewards, 2)
+        advantage = topk[0] - topk[1]
+        if norm_adv_by_std_in_grpo:
+            advantage = advantage / (torch.std(rewards) + epsilon)
+        advantages[id2indices[idx][topk_idx[0].item()]] = advantage
+    return advantages
+
+
+def test_passk_hand_computed_and_matches_verl():
+    from rlexp.algorithms.advantages.best_of_group import passk
+
+    # group 0: rewards 1, 0, 0.5 → best row 0, r_max − r_second = 0.5, std = 0.5 → 0.5 / 0.5 ≈ 1
+    # group 1: rewards 0.2, 0.9 → best row 4, 0.7 / std(0.2, 0.9) = 0.7 / 0.495
+    b = make_batch([1.0, 0.0, 0.5, 0.2, 0.9], [0, 0, 0, 1, 1])
+    adv = passk(b)
+    expected = torch.tensor([0.5 / (0.5 + 1e-6), 0, 0, 0, 0.7 / (torch.tensor([0.2, 0.9]).std().item() + 1e-6)])
+    torch.testing.assert_close(adv, expected, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(0)
+    r = torch.rand(24)
+    groups = [i // 4 for i in range(24)]
+    b = make_batch(r.tolist(), groups)
+    torch.testing.assert_close(passk(b), _verl_grpo_passk(r, groups), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(passk(b, scale=False), _verl_grpo_passk(r, groups, norm_adv_by_std_in_grpo=False))
+    with pytest.raises(ValueError, match="at least 2 completions"):
+        passk(make_batch([1.0, 0.0, 1.0], [0, 0, 1]))
