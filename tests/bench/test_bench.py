@@ -17,7 +17,7 @@ from rlexp.bench.report import COLUMNS, ratios, summarise
 from rlexp.config.schema import ConfigError
 from tests.conftest import compose_train
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # mlflow and wandb are missing on the GPU machine: the harness must run without them
 RUN = (
     "import sys, runpy; sys.modules['mlflow'] = None; sys.modules['wandb'] = None; "
