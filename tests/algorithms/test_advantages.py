@@ -247,3 +247,20 @@ def test_passk_hand_computed_and_matches_verl():
     torch.testing.assert_close(passk(b, scale=False), _verl_grpo_passk(r, groups, norm_adv_by_std_in_grpo=False))
     with pytest.raises(ValueError, match="at least 2 completions"):
         passk(make_batch([1.0, 0.0, 1.0], [0, 0, 1]))
+
+
+def test_shifted_baseline_hand_computed():
+    """AsymRE: group (1, 0, 0, 1) has mean 0.5, baseline 0.4: A = 0.6, −0.4, −0.4, 0.6; a singleton keeps its
+    reward. OPMD's logavgexp with τ = 1 on (1, 0): log((e + 1)/2) = 0.6201."""
+    from rlexp.algorithms.advantages.shifted import shifted_baseline
+
+    b = make_batch([1.0, 0.0, 0.0, 1.0, 0.7], [0, 0, 0, 0, 1])
+    torch.testing.assert_close(shifted_baseline(b, "mean", -0.1), torch.tensor([0.6, -0.4, -0.4, 0.6, 0.7]))
+    b = make_batch([1.0, 0.0], [0, 0])
+    soft = math.log((math.e + 1) / 2)
+    torch.testing.assert_close(shifted_baseline(b, "logavgexp", tau=1.0), torch.tensor([1 - soft, -soft]))
+    # τ → large: the mean; τ → small: the max
+    assert shifted_baseline(b, "logavgexp", tau=1e4)[0].item() == pytest.approx(0.5, abs=1e-3)
+    assert shifted_baseline(b, "logavgexp", tau=1e-3)[0].item() == pytest.approx(0.0, abs=1e-2)
+    with pytest.raises(ValueError, match="baseline='median'"):
+        shifted_baseline(b, "median")

@@ -102,3 +102,13 @@ def test_bapo_loss_is_ppo_clip_at_the_searched_bounds():
     ref = ppo_clip(logp, old, tok_adv, torch.ones(1, 4), eps_low=1 - 0.9, eps_high=1.5 - 1, dual_clip=3.0)
     torch.testing.assert_close(out.per_token, ref.per_token)
     assert out.token_stats["bapo/clip_high"][0, 0].item() == pytest.approx(1.5)
+
+
+def test_opmd_is_reinforce_over_one_plus_tau():
+    from rlexp.algorithms.losses.reinforce import opmd
+
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    out = opmd(logp, logp.detach() - 0.5, torch.tensor([0.8]), torch.ones(1, 2), tau=1.0)
+    torch.testing.assert_close(out.per_token, -0.8 * logp / 2)
+    out.per_token.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 2), -0.4))  # no importance ratio, whatever old_logp is
