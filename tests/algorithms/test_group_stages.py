@@ -148,3 +148,25 @@ def test_greedy_baseline_without_rollout_in_context_names_what_is_missing():
             make_batch([0, 1], [7, 7]),
             SimpleNamespace(policy=None, sample=None, rollout=None, reward_terms=None, autocast_dtype=None),
         )
+
+
+def test_dapo_overlong_weight_matches_dapo_plus_minus_one_scoring():
+    """DAPO scores correctness ±1 and adds the soft overlong penalty; we score 0/1 and add the penalty at
+    weight 0.5 (dapo.yaml). 2·(acc + 0.5·pen) − 1 = (±1) + pen, an affine map, so the group-normalised
+    advantages are the same."""
+    from omegaconf import OmegaConf
+
+    from rlexp.algorithms.advantages.group import grpo, normalize_rewards
+    from rlexp.algorithms.group_stages.overlong import overlong_penalty, soft_overlong_punishment
+    from rlexp.config.paths import CONF_DIR
+
+    cfg = OmegaConf.load(f"{CONF_DIR}/algorithm/dapo.yaml")
+    weight = [s for s in cfg.group_stages if s._target_.endswith("overlong_penalty")][0].weight
+    assert weight == 0.5
+    acc = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    lengths = [10, 20, 19, 5, 18, 20]
+    b = make_batch(acc, [0, 0, 0, 1, 1, 1], lengths=lengths, width=20)
+    b = overlong_penalty(b, None, max_length=20, cache_fraction=0.25, weight=weight)
+    pen = soft_overlong_punishment(torch.tensor(lengths), 20, 5)
+    dapo_reward = (2 * torch.tensor(acc) - 1) + pen
+    torch.testing.assert_close(grpo(b), normalize_rewards(dapo_reward, b.group_ids), rtol=1e-5, atol=1e-6)
