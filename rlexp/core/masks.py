@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 LOSS_MASK = "loss_mask"
+KL_PENALTY = "kl_penalty"  # (N, T) β·KL_t of algorithm.kl.mode=reward, per token (REINFORCE++ returns)
 IS_WEIGHTS = "is_weights"  # (N, T) importance weights on the per-token loss (train-inference correction)
 
 

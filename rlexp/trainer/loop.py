@@ -19,7 +19,7 @@ from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import IS_WEIGHTS
+from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -254,8 +254,12 @@ class Trainer:
             )
             if self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
-                kl = (kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask).sum(-1)
+                kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask
+                kl = kl_tokens.sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
+                # per token too: an estimator that pays rewards per token (REINFORCE++) charges each token the KL
+                # from itself to the end, not the whole completion's
+                batch.extras[KL_PENALTY] = self.algo.kl.coef * kl_tokens
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         if self.recompute_old_logprobs:
             batch.old_logprobs = batch_logprobs(

@@ -264,3 +264,24 @@ def test_shifted_baseline_hand_computed():
     assert shifted_baseline(b, "logavgexp", tau=1e-3)[0].item() == pytest.approx(0.0, abs=1e-2)
     with pytest.raises(ValueError, match="baseline='median'"):
         shifted_baseline(b, "median")
+
+
+def test_reinforce_pp_charges_each_token_the_kl_to_the_end():
+    """One completion of 3 tokens, outcome reward 1, per-token penalties β·KL = 0.1, 0.2, 0.3: the trainer
+    logs reward 1 − 0.6 = 0.4 and the returns are G = 1 − (0.6, 0.5, 0.3) = (0.4, 0.5, 0.7), then whitened
+    over the batch's tokens (a second row, reward 0 and no KL, has returns 0, 0, 0)."""
+    from rlexp.algorithms.advantages.reinforce import _reverse_discounted_sum
+    from rlexp.core.masks import KL_PENALTY
+    from rlexp.core.stats import masked_whiten
+
+    b = make_batch([0.4, 0.0], [0, 1], lengths=[3, 3], width=3)
+    b.extras[KL_PENALTY] = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.0, 0.0]])
+    mask = b.completion_mask
+    expected_returns = torch.tensor([[0.4, 0.5, 0.7], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(reinforce_pp(b), masked_whiten(expected_returns, mask) * mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(_reverse_discounted_sum(torch.tensor([[1.0, 1.0, 1.0]]), 0.5),
+                               torch.tensor([[1.75, 1.5, 1.0]]))  # fmt: skip
+    # without per-token penalties: the outcome reward at every token (the first token's return is the same)
+    del b.extras[KL_PENALTY]
+    flat = torch.tensor([[0.4, 0.4, 0.4], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(reinforce_pp(b), masked_whiten(flat, mask) * mask)

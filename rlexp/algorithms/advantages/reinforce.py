@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import KL_PENALTY
 from rlexp.core.registry import ADVANTAGES
 from rlexp.core.stats import group_stats, masked_whiten
 
@@ -42,9 +43,29 @@ def reinforce_pp(batch: RolloutBatch, gamma: float = 1.0, eps: float = 1e-8) -> 
     """REINFORCE++ ("REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
     2025): the (discounted) return of the outcome reward at every token, whitened over all valid tokens
     of the batch (global batch normalisation; verl's ``reinforce_plus_plus``). Returns (N, T).
-    The KL penalty the paper puts into the reward is the trainer's ``algorithm.kl.mode=reward``."""
-    returns = _token_returns(batch.reward, batch.completion_mask, gamma)
-    return masked_whiten(returns, batch.completion_mask, eps) * batch.completion_mask
+    The KL penalty the paper puts into the reward is the trainer's ``algorithm.kl.mode=reward``; with its
+    per-token penalties (``batch.extras["kl_penalty"]``, β·KL_t) each token's return carries the KL from that
+    token to the end, G_t = R − Σ_{s≥t} γ^(s−t)·β·KL_s (the paper's and verl's token-level rewards), not the
+    whole completion's."""
+    mask = batch.completion_mask
+    penalty = batch.extras.get(KL_PENALTY)
+    if penalty is None:
+        returns = _token_returns(batch.reward, mask, gamma)
+    else:
+        penalty = penalty.float() * mask
+        outcome = batch.reward.float() + penalty.sum(-1)  # the reward before the whole-completion KL charge
+        returns = _token_returns(outcome, mask, gamma) - _reverse_discounted_sum(penalty, gamma) * mask
+    return masked_whiten(returns, mask, eps) * mask
+
+
+def _reverse_discounted_sum(values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Σ_{s≥t} γ^(s−t)·values_s for every t (values already zero on padding)."""
+    out = torch.zeros_like(values)
+    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
+    for t in reversed(range(values.shape[1])):
+        running = values[:, t] + gamma * running
+        out[:, t] = running
+    return out
 
 
 @ADVANTAGES.register
