@@ -140,11 +140,15 @@ def test_bnpo_single_group_is_uniform_beta_and_range_is_checked():
     close(bnpo(make_batch([2, 0], [0, 0]), max_value=2.0), [0.5, -0.5])
 
 
-def test_bnpo_decomposition_averages_per_term_advantages():
+def test_bnpo_decomposition_averages_per_term_advantages_by_reward_weight():
     terms = [[1, 1], [0, 1], [0, 0], [0, 0]]  # one group; term 0 p=0.25, term 1 p=0.5
-    b = make_batch([1.2, 0.2, 0, 0], [0, 0, 0, 0], terms=terms, weights=[1.0, 0.2])
     t0 = [0.75, -0.25, -0.25, -0.25]
     t1 = [0.5, 0.5, -0.5, -0.5]
+    # weights 1 and 0.2: (1·A0 + 0.2·A1) / 1.2 — format counts as much as it does in the reward
+    b = make_batch([1.2, 0.2, 0, 0], [0, 0, 0, 0], terms=terms, weights=[1.0, 0.2])
+    close(bnpo(b, decompose=True), [(x + 0.2 * y) / 1.2 for x, y in zip(t0, t1)])
+    # equal weights (the released code's accuracy + format): the plain mean of the per-term advantages
+    b = make_batch([2, 1, 0, 0], [0, 0, 0, 0], terms=terms, weights=[1.0, 1.0])
     close(bnpo(b, decompose=True), [(x + y) / 2 for x, y in zip(t0, t1)])
 
 

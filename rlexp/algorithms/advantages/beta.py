@@ -22,8 +22,10 @@ def bnpo(
     batch's p_g by moments (mean μ, unbiased variance v; a = (μ(1−μ)/v − 1)·μ, b = (…)·(1−μ)) and
     damped: α = max(1 + a/3, 1), β = max(1 + b/3, 1); A_i = (r_i − p_g) / Beta.pdf(p_g; α, β), the
     weight 1/pdf clamped to [0, ``max_weight``]. ``decompose`` applies it to each reward term
-    separately and averages (the paper's advantage decomposition). Our choice where the code is
-    undefined: a batch with one group or zero variance of p_g uses α = β = 1 (weight 1)."""
+    separately and averages them weighted by the reward weights, Σ w_j·A_j / Σ w_j (the paper's advantage
+    decomposition; the released code sums accuracy and format with weight 1 each, where this is the plain
+    mean). Our choice where the code is undefined: a batch with one group or zero variance of p_g uses
+    α = β = 1 (weight 1)."""
     if not decompose:
         return _bnpo_one(batch.reward, batch.group_ids, min_value, max_value, max_weight)
     if batch.rewards is None:
@@ -32,7 +34,10 @@ def bnpo(
         _bnpo_one(batch.rewards[:, j], batch.group_ids, min_value, max_value, max_weight)
         for j in range(batch.rewards.shape[1])
     ]
-    return torch.stack(cols, 0).mean(0)
+    w = batch.reward_weights.float().to(cols[0].device) if batch.reward_weights is not None else None
+    if w is None or float(w.sum()) <= 0:
+        return torch.stack(cols, 0).mean(0)
+    return (torch.stack(cols, 0) * w[:, None]).sum(0) / w.sum()
 
 
 def _bnpo_one(reward, group_ids, min_value, max_value, max_weight):
