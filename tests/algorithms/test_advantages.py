@@ -289,3 +289,9 @@ def test_reinforce_pp_charges_each_token_the_kl_to_the_end():
     del b.extras[KL_PENALTY]
     flat = torch.tensor([[0.4, 0.4, 0.4], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(reinforce_pp(b), masked_whiten(flat, mask) * mask)
+
+
+def test_gdpo_with_one_reward_term_is_grpo():
+    b = make_batch([1.0, 0.0, 0.5, 1.0, 1.0, 0.0], [0, 0, 0, 1, 1, 1])
+    torch.testing.assert_close(gdpo(b), grpo(b))
+    assert not torch.allclose(gdpo(b, single_term_grpo=False), grpo(b))  # batch standardisation changes it

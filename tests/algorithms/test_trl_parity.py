@@ -119,7 +119,9 @@ CASES = [
     ("grpo", ["algorithm.count_empty_rows=true"], "grpo", {}),
     ("dr_grpo", [], "dr_grpo", {}),
     ("dapo", [], "dapo", {"eps_high": 0.28}),
-    ("bnpo", [], "bnpo", {}),
+    # TRL's `bnpo` loss type is a token-mean normaliser; our bnpo config carries BNPO's released run (seq-mean-
+    # token-sum, dual clip 10): the token-mean aggregation and no dual clip give TRL's form
+    ("bnpo", ["algorithm.aggregation=token-mean", "algorithm.loss.dual_clip=null"], "bnpo", {"eps_high": 0.28}),
     ("cispo", [], "cispo", {"eps_high": 5.0}),
     ("sapo", ["algorithm.count_empty_rows=true"], "sapo", {}),
     ("gspo", ["algorithm.count_empty_rows=true"], "grpo", {"level": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}),
