@@ -52,6 +52,9 @@ class Algorithm:
     group_stages: list = field(default_factory=list)
     mechanism: str = ""  # one line for `rlexp list algorithms`
     top_entropy_quantile: float = 1.0  # ρ < 1: policy gradient only on the top-ρ entropy tokens (80/20)
+    # what the token-mean loss divides by when ρ < 1: all valid tokens (TRL) or the selected ones only (the
+    # 80/20 authors' code); `selected` rescales each optimiser step's gradient by all / selected tokens
+    top_entropy_normaliser: str = "all"
     critic: Any = None  # rlexp.algorithms.critics.ppo.Critic (PPO) or None
     # the method's update schedule: optimiser steps per rollout batch, one per mini-batch of whole groups
     # (trainer.steps_per_rollout, when set, overrides it for every method)
@@ -79,6 +82,12 @@ class Algorithm:
             raise ValueError("algorithm.reference.kind=none but the KL term or a group stage needs a reference model")
         if self.steps_per_rollout < 1:
             raise ValueError(f"algorithm.steps_per_rollout={self.steps_per_rollout} must be >= 1")
+        if self.top_entropy_normaliser not in ("all", "selected"):
+            raise ValueError(
+                f"algorithm.top_entropy_normaliser={self.top_entropy_normaliser!r} is not one of ['all', 'selected']"
+            )
+        if self.top_entropy_normaliser == "selected" and self.aggregation != "token-mean":
+            raise ValueError("algorithm.top_entropy_normaliser=selected needs algorithm.aggregation=token-mean")
         if not 0.0 < self.top_entropy_quantile <= 1.0:
             raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} must be in (0, 1]")
         if self.critic is not None:

@@ -161,6 +161,12 @@ def policy_update(
             if first_step:
                 mismatch = mismatch_metrics(pass_sums)
             params = [q for q in model.parameters() if q.grad is not None]
+            if algo.top_entropy_quantile < 1.0 and algo.top_entropy_normaliser == "selected":
+                # token-mean over the selected tokens only: the loss divided by all tokens, times all / selected
+                scale = token_count / max(pass_sums.get("entropy/selected_frac", 0.0), 1.0)
+                for q in params:
+                    q.grad.mul_(scale)
+                pass_sums["loss/total"] *= scale
             gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
             if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
                 optimizer.zero_grad(set_to_none=True)

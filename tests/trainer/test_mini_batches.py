@@ -164,3 +164,37 @@ def test_ratio_configs_set_their_sources_schedule():
         cfg = OmegaConf.load(Path(CONF_DIR) / "algorithm" / f"{name}.yaml")
         assert cfg.steps_per_rollout > 1, name
     assert OmegaConf.load(Path(CONF_DIR) / "algorithm" / "grpo.yaml").get("steps_per_rollout", 1) == 1
+
+
+def test_top_entropy_normaliser_selected_divides_by_the_selected_tokens():
+    """80/20 with the authors' normaliser: the step's gradient equals that of Σ_selected ℓ / N_selected,
+    computed here by hand from the same forward (SGD with lr 1, so the parameter change is −gradient)."""
+    from rlexp.algorithms.losses.clip import ppo_clip
+    from rlexp.core.forward import token_logprobs
+    from rlexp.algorithms.regularisers.entropy import high_entropy_mask
+
+    def loss(*a):
+        return ppo_clip(*a, eps_low=0.2, eps_high=0.28)
+
+    batch = token_batch(n_groups=3, g=2, seed=5)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    algo = Algorithm(name="t", advantage=lambda b: b.advantages, loss=loss, aggregation="token-mean",
+                     top_entropy_quantile=0.5, top_entropy_normaliser="selected")  # fmt: skip
+    model = tiny_policy()
+    before = [p.detach().clone() for p in model.parameters()]
+    policy_update(model, torch.optim.SGD(model.parameters(), lr=1.0), None, batch, algo, mu=1, micro_batch=0,
+                  temperature=1.0, max_grad_norm=None, share_prompts=False)  # fmt: skip
+    moved = [b - p.detach() for b, p in zip(before, model.parameters())]  # = the applied gradient
+    ref = tiny_policy()
+    lp, ent = token_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+                             with_entropy=True, share_prompts=False)  # fmt: skip
+    m = batch.completion_mask.float()
+    keep = high_entropy_mask(ent, m, 0.5).float()
+    per_token = loss(lp, lp.detach(), batch.advantages, m).per_token
+    ((per_token * keep * m).sum() / keep.sum()).backward()
+    for got, p in zip(moved, ref.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="top_entropy_normaliser=selected needs"):
+        Algorithm(name="t", advantage=lambda b: b.advantages, loss=loss, aggregation="seq-mean-token-mean",
+                  top_entropy_quantile=0.5, top_entropy_normaliser="selected")  # fmt: skip
