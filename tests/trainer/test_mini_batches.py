@@ -170,8 +170,8 @@ def test_top_entropy_normaliser_selected_divides_by_the_selected_tokens():
     """80/20 with the authors' normaliser: the step's gradient equals that of Σ_selected ℓ / N_selected,
     computed here by hand from the same forward (SGD with lr 1, so the parameter change is −gradient)."""
     from rlexp.algorithms.losses.clip import ppo_clip
-    from rlexp.core.forward import token_logprobs
     from rlexp.algorithms.regularisers.entropy import high_entropy_mask
+    from rlexp.core.forward import token_logprobs
 
     def loss(*a):
         return ppo_clip(*a, eps_low=0.2, eps_high=0.28)
