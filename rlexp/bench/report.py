@@ -158,29 +158,7 @@ def markdown(r: dict) -> str:
         )
     q = r.get("ratio")
     if q:
-        lines.append(
-            "| **TRL / ours** | "
-            + " | ".join(
-                _fmt(q[k], 2)
-                for k in (
-                    "generate_s",
-                    "score_s",
-                    "train_s",
-                    "other_s",
-                    "step_s",
-                    "completion_tokens",
-                    "tokens_per_s",
-                    "generate_tokens_per_s",
-                    "tokens_per_s_all",
-                    "peak_mem_mb",
-                    "mem_delta_mb",
-                    "mean_length",
-                    "max_length",
-                    "reward_mean",
-                )
-            )
-            + " |"
-        )
+        lines.append("| **TRL / ours** | " + " | ".join(_fmt(q[k], 2) for k in COLUMNS) + " |")
         lines += [
             "",
             f"Step time TRL / ours = **{q['step_s']:.2f}** (>1: ours faster); completion tokens/s "

@@ -10,7 +10,7 @@ import torch
 
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.registry import ADVANTAGES
-from rlexp.core.stats import group_index
+from rlexp.core.stats import group_index, group_stats
 
 BASELINES = ("mean", "logavgexp")
 
@@ -26,14 +26,13 @@ def shifted_baseline(batch: RolloutBatch, baseline: str = "mean", shift: float =
     if baseline == "logavgexp" and tau <= 0:
         raise ValueError(f"advantage shifted_baseline tau={tau} must be > 0")
     r = batch.reward.float()
+    if baseline == "mean":
+        mean, _, count = group_stats(r, batch.group_ids)
+        return r - torch.where(count > 1, mean + shift, torch.zeros_like(mean))
     inv, k = group_index(batch.group_ids)
     base = torch.zeros(k, dtype=r.dtype, device=r.device)
     for g in range(k):
         values = r[inv == g]
-        if values.numel() < 2:
-            continue
-        if baseline == "mean":
-            base[g] = values.mean() + shift
-        else:
+        if values.numel() > 1:
             base[g] = tau * (torch.logsumexp(values / tau, 0) - math.log(values.numel())) + shift
     return r - base[inv]

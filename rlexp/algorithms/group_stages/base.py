@@ -3,13 +3,9 @@ append."""
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from rlexp.core.batch import RolloutBatch
-
-log = logging.getLogger(__name__)
 
 
 def stage_setting(ctx, name: str, default=None):
