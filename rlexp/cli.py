@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 USAGE = """usage: rlexp <command> [overrides...]
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = argv[0], argv[1:]
+    if os.getcwd() not in sys.path:  # as `python -m rlexp` does: modules beside the user (custom rewards) import
+        sys.path.append(os.getcwd())
     if cmd not in COMMANDS:
         print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

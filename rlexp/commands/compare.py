@@ -23,6 +23,13 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
     return out
 
 
+def default_out(name: str) -> Path:
+    """``outputs/compare/<date>/<time>-<name>``: like a run directory, never a committed folder."""
+    import time
+
+    return Path("outputs") / "compare" / time.strftime("%Y-%m-%d") / f"{time.strftime('%H-%M-%S')}-{name}"
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
         prog="rlexp compare",
@@ -44,7 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--last", type=int, default=1, help="average the last K logged values of each run (default 1)")
     p.add_argument("--smooth", type=int, default=1, help="moving-average window of the curves (default 1)")
     p.add_argument("--digits", type=int, default=3)
-    p.add_argument("--out", default="compare", help="output folder (default ./compare)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: outputs/compare/<date>/<time>-<name>, git-ignored beside the runs)",
+    )
     p.add_argument("--name", default="compare", help="file name prefix (default compare)")
     a = p.parse_args(argv)
     if a.last < 1:
@@ -64,8 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     groups = group_runs(runs, group_by, metrics, a.last)
     command = "rlexp compare " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     print_table(groups, group_by, metrics, title=f"{a.name}: {len(runs)} runs, {len(groups)} groups", digits=a.digits)
-    paths = write_outputs(groups, runs, group_by, metrics, Path(a.out), a.name, command, a.last, a.smooth, a.digits)
-    print(
-        f"wrote {paths['markdown']}, {paths['csv']}, {paths['runs_csv']} and {len(paths['png'])} PNG curves in {a.out}"
-    )
+    out = Path(a.out) if a.out else default_out(a.name)
+    paths = write_outputs(groups, runs, group_by, metrics, out, a.name, command, a.last, a.smooth, a.digits)
+    print(f"wrote {paths['markdown']}, {paths['csv']}, {paths['runs_csv']} and {len(paths['png'])} PNG curves in {out}")
     return paths

@@ -10,6 +10,7 @@ from rlexp.rewards.terms import RewardTerm, Sample
 
 def samples_of(batch: RolloutBatch) -> list[Sample]:
     lengths = batch.lengths.tolist()
+    ids = batch.completion_ids.tolist()
     return [
         Sample(
             batch.prompts[i],
@@ -18,6 +19,7 @@ def samples_of(batch: RolloutBatch) -> list[Sample]:
             int(batch.group_ids[i]),
             int(lengths[i]),
             bool(batch.truncated[i]),
+            ids[i][: int(lengths[i])],
         )
         for i in range(len(batch))
     ]

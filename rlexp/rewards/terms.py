@@ -26,6 +26,7 @@ class Sample:
     group: int
     num_tokens: int
     truncated: bool
+    completion_ids: list[int] | None = None  # the sampled token ids (without padding)
 
 
 @dataclass

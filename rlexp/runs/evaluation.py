@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.runs.setup import build_trackers, prepare_process, write_provenance
 from rlexp.tracking.params import flatten
+from rlexp.tracking.provenance import eval_tags
 
 log = logging.getLogger("rlexp.evaluate")
 
@@ -86,17 +87,7 @@ def run_eval(cfg: DictConfig):
     evaluator = BenchmarkEvaluator(benchmarks, rollout, settings, meter)
     tracker, jsonl = build_trackers(cfg, run_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
-    tags = {
-        "kind": "eval",
-        "model": cfg.model.name,
-        "benchmarks": ",".join(benchmarks),
-        "seed": str(t.seed),
-        "checkpoint": str(ckpt_dir) if ckpt_dir else "",
-        "git_commit": prov["git"]["git_commit"],
-        "git_dirty": prov["git"]["git_dirty"],
-        "run_dir": str(run_dir.resolve()),
-        "mlflow.runName": cfg.run_name or run_dir.name,
-    }
+    tags = eval_tags(cfg, prov, run_dir, list(benchmarks), ckpt_dir or "")
     tracker.start(cfg.run_name or run_dir.name, container, flatten(container), tags)
     jsonl.start(cfg.run_name or run_dir.name, container, {}, tags)
     status = "FAILED"

@@ -56,6 +56,34 @@ def build_scheduler(optimizer, warmup_steps: int, steps_per_train_step: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / total))
 
 
+def build_reward_term(node, key: str):
+    """A reward term from its config node; a ``_target_`` that is a plain function (TRL's reward-function
+    convention, or ``fn(sample)``) is wrapped in ``rlexp.rewards.functions.FunctionReward``."""
+    import inspect
+
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    from rlexp.config.schema import ConfigError
+
+    try:
+        target = get_object(node._target_)
+    except Exception as e:
+        raise ConfigError(
+            f"{key}._target_={node._target_!r} cannot be imported ({e}); a module in the working directory is "
+            "importable when rlexp runs from that directory"
+        ) from e
+    if isinstance(target, type) or not callable(target) or not inspect.isfunction(inspect.unwrap(target)):
+        return build(node, key)
+    from rlexp.rewards.functions import as_reward_term
+
+    options = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+    try:
+        return as_reward_term(target, options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{key}: {e}") from e
+
+
 def build(node, key: str, **kwargs):
     """``hydra.utils.instantiate`` that reports a failure as one message naming the config key and
     the original error (Hydra wraps it in InstantiationException)."""

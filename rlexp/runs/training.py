@@ -7,11 +7,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.schema import validate
-from rlexp.runs.setup import build, build_scheduler, build_trackers, prepare_process, write_provenance
+from rlexp.runs.setup import (
+    build,
+    build_reward_term,
+    build_scheduler,
+    build_trackers,
+    prepare_process,
+    write_provenance,
+)
 from rlexp.tracking.params import flatten
 
 log = logging.getLogger("rlexp.train")
@@ -21,6 +27,7 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
     """Greedy accuracy on the held-out split (``eval.size`` prompts) and, with ``+benchmark=<entry>``,
     the benchmarks (``rlexp.evaluation.runner.training_evaluator``); run every trainer.eval_every steps."""
     evaluators = []
+    acc = cfg.trainer.accuracy_term
     if cfg.eval.size > 0:
         from rlexp.evaluation.greedy import GreedyEvaluator
 
@@ -29,7 +36,7 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
                 data.eval[: cfg.eval.size],
                 prompt_format,
                 rollout,
-                cfg.trainer.accuracy_term and instantiate(cfg.reward.terms[cfg.trainer.accuracy_term]),
+                acc and build_reward_term(cfg.reward.terms[acc], f"reward.terms.{acc}"),
                 max_new_tokens=cfg.eval.max_new_tokens,
             )
         )
@@ -58,7 +65,7 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     prov = write_provenance(cfg, run_dir)
     data = build(cfg.dataset, "dataset")
     prompt_format = build(cfg.prompt, "prompt")
-    reward_terms = {name: build(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
+    reward_terms = {name: build_reward_term(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
     algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
     rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)

@@ -185,7 +185,10 @@ def finish_provenance(run_dir: Path, status: str) -> dict:
 
 
 def run_tags(cfg, prov: dict, run_dir: Path) -> dict[str, str]:
-    """Tracker tags of a run from its config and provenance (all values strings)."""
+    """Tracker tags of a run from its config and provenance (all values strings); an ``rlexp eval`` run
+    (no ``algorithm`` node) gets ``eval_tags``."""
+    if "algorithm" not in cfg:
+        return eval_tags(cfg, prov, run_dir)
     t = cfg.trainer
     tags = {
         "algorithm": cfg.algorithm.name,
@@ -208,4 +211,22 @@ def run_tags(cfg, prov: dict, run_dir: Path) -> dict[str, str]:
     tags.update({"sweep": "none", "trial": "none", **(prov.get("sweep") or {})})
     tags.update({f"hw.{k}": v for k, v in prov["hardware"].items()})
     tags.update({f"pkg.{k}": v for k, v in prov["packages"].items()})
+    return {k: str(v)[:MAX_TAG_LEN] for k, v in tags.items()}
+
+
+def eval_tags(cfg, prov: dict, run_dir: Path, benchmarks: list[str] | None = None, checkpoint=None) -> dict[str, str]:
+    """Tracker tags of an ``rlexp eval`` run (``kind=eval``; all values strings)."""
+    if checkpoint is None:
+        checkpoint = (cfg.get("eval") or {}).get("checkpoint") or ""
+    tags = {
+        "kind": "eval",
+        "model": cfg.model.name,
+        "benchmarks": ",".join(benchmarks) if benchmarks is not None else benchmark_name(cfg),
+        "seed": str(cfg.trainer.seed),
+        "checkpoint": str(checkpoint),
+        "git_commit": prov["git"]["git_commit"],
+        "git_dirty": prov["git"]["git_dirty"],
+        "run_dir": str(Path(run_dir).resolve()),
+        "mlflow.runName": cfg.get("run_name") or Path(run_dir).name,
+    }
     return {k: str(v)[:MAX_TAG_LEN] for k, v in tags.items()}
