@@ -38,6 +38,10 @@ class TrainerConfig:
     warmup_steps: int = 0
     eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
     checkpoint_every: int = 10
+    # checkpoints kept in <run_dir>/checkpoints: the newest N (`last`, then `step-<N>`); 0 keeps one while the
+    # run trains (a killed run resumes) and deletes it when the run finishes
+    keep_checkpoints: int = 1
+    save_optimizer: bool = True  # AdamW's moments in checkpoints (~2/3 of the size; needed to resume exactly)
     seed: int = 0
     resume: bool = True  # continue from <run_dir>/checkpoints if present
     run_dir: str = "${hydra:runtime.output_dir}"
@@ -192,6 +196,7 @@ def validate(cfg: DictConfig) -> None:
         (t.temperature > 0, "trainer.temperature", t.temperature, "must be > 0"),
         (t.eval_every >= 0, "trainer.eval_every", t.eval_every, "must be >= 0"),
         (t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, "must be >= 0"),
+        (t.keep_checkpoints >= 0, "trainer.keep_checkpoints", t.keep_checkpoints, "must be >= 0"),
         (t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0"),
     ]
     lr = cfg.optimizer.get("lr")

@@ -1,10 +1,15 @@
 """Checkpoints: model, optimiser, scheduler, step, RNG states, data position, reference (EMA) and
 tracker run ids — everything a killed run needs to continue. Written to a temporary directory and
-renamed into place, so a kill during a save leaves the previous checkpoint intact."""
+renamed into place, so a kill during a save leaves the previous checkpoint intact.
+
+Retention: the newest checkpoint is ``checkpoints/last``; with ``keep > 1`` the ones before it stay as
+``checkpoints/step-<N>`` (the oldest go first). ``optimizer_state=False`` leaves AdamW's moments out (about
+two thirds of a full checkpoint): such a checkpoint still resumes, with fresh optimiser moments."""
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -13,6 +18,37 @@ import numpy as np
 import torch
 
 LAST = "last"
+STEP_PREFIX = "step-"
+
+log = logging.getLogger(__name__)
+
+
+def dir_size(path: Path) -> int:
+    """Bytes under ``path`` (0 when it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    meta = Path(path) / "trainer.json"
+    return json.loads(meta.read_text())["step"] if meta.exists() else None
+
+
+def kept_checkpoints(root: Path) -> list[Path]:
+    """Every complete checkpoint under ``root``, newest first (``last``, then ``step-<N>`` by step)."""
+    root = Path(root)
+    older = sorted(root.glob(f"{STEP_PREFIX}*"), key=lambda p: checkpoint_step(p) or -1, reverse=True)
+    return [p for p in [root / LAST, *older] if (p / "trainer.json").exists()]
 
 
 def rng_state() -> dict:
@@ -42,7 +78,10 @@ def save_checkpoint(
     tracker_ids,
     extra: dict | None = None,
     critic=None,
+    keep: int = 1,
+    optimizer_state: bool = True,
 ) -> Path:
+    """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one)."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
     if tmp.exists():
@@ -51,7 +90,7 @@ def save_checkpoint(
     model.save_pretrained(tmp / "model")
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer_state else None,
             "scheduler": scheduler.state_dict() if scheduler else None,
             "rng": rng_state(),
             "reference": reference.state_dict() if reference else None,
@@ -70,7 +109,13 @@ def save_checkpoint(
         final.rename(old)
     tmp.rename(final)
     if old.exists():
-        shutil.rmtree(old)
+        previous = checkpoint_step(old)
+        if keep > 1 and previous is not None and previous != step:
+            old.rename(root / f"{STEP_PREFIX}{previous:06d}")
+        else:
+            shutil.rmtree(old)
+    for stale in kept_checkpoints(root)[max(keep, 1) :]:
+        shutil.rmtree(stale)
     return final
 
 
@@ -95,7 +140,12 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, referen
     if unexpected or [m for m in missing if "lm_head" not in m]:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
     blob = torch.load(path / "state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    if blob["optimizer"] is not None:
+        optimizer.load_state_dict(blob["optimizer"])
+    else:
+        log.warning(
+            "checkpoint %s has no optimiser state (trainer.save_optimizer=false): fresh optimiser moments", path
+        )
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     if reference is not None:

@@ -387,10 +387,16 @@ class Trainer:
                         reference=self.reference,
                         tracker_ids=ids,
                         critic=self.algo.critic,
+                        keep=s.keep_checkpoints,
+                        optimizer_state=s.save_optimizer,
                     )
                 if stop:
                     result.stopped_early = True
                     break
+        if s.keep_checkpoints == 0 and self.ckpt_dir.exists():  # kept while training (resume), not after
+            import shutil
+
+            shutil.rmtree(self.ckpt_dir)
         return result
 
     # ---- tracker bookkeeping ------------------------------------------------------------------
