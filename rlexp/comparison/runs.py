@@ -116,7 +116,7 @@ def local_runs(paths: list[str | Path], metrics: list[str] | None = None) -> lis
     from rlexp.tracking.provenance import benchmark_name, run_tags
 
     patterns = compile_patterns(metrics)
-    out = []
+    out, seen = [], set()
     for root in paths:
         root = Path(root)
         files = [root / "metrics.jsonl"] if (root / "metrics.jsonl").exists() else sorted(root.rglob("metrics.jsonl"))
@@ -124,6 +124,9 @@ def local_runs(paths: list[str | Path], metrics: list[str] | None = None) -> lis
             raise SystemExit(f"rlexp compare: no metrics.jsonl at or below {root}")
         for f in files:
             d = f.parent
+            if d.resolve() in seen:  # the same run reached twice (outputs/latest, overlapping --runs)
+                continue
+            seen.add(d.resolve())
             tags, params = {"run_dir": str(d.resolve())}, {}
             if (d / "config.yaml").exists():
                 from rlexp.tracking.params import flatten

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlexp.core.progress import Bars
 from rlexp.evaluation.benchmarks import Benchmark
 from rlexp.evaluation.metrics import cluster_answers, summarize
 
@@ -79,6 +80,7 @@ class BenchmarkEvaluator:
         out_dir: str | Path | None = None,
         exclude_questions=(),
         prefix: str = "eval",
+        progress: bool = False,
     ):
         if not benchmarks:
             raise ValueError("benchmark: no benchmark selected (e.g. benchmark=offline)")
@@ -86,6 +88,7 @@ class BenchmarkEvaluator:
         self.consistency, self.prefix = consistency, prefix
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.exclude = frozenset(exclude_questions)
+        self.progress = progress  # bars per benchmark and problem batch (off inside a training run's own bar)
 
     def __call__(self, model, tokenizer, step: int) -> dict[str, float]:
         out = self.out_dir / f"step_{step:06d}" if self.out_dir is not None else None
@@ -94,11 +97,16 @@ class BenchmarkEvaluator:
     def evaluate(self, model, tokenizer, step: int = 0, out_dir: str | Path | None = None) -> EvalResult:
         result = EvalResult()
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):  # sampling here must not move the training RNG
+        bars = Bars(self.progress, log)
+        # sampling here must not move the training RNG
+        with torch.random.fork_rng(devices=devices), bars:
+            overall = bars.add("benchmarks", len(self.benchmarks)) if len(self.benchmarks) > 1 else None
             for name, bench in self.benchmarks.items():
                 torch.manual_seed(self.s.seed)
                 t0 = time.perf_counter()
-                metrics, rows = self.run_benchmark(bench, model, tokenizer)
+                metrics, rows = self.run_benchmark(bench, model, tokenizer, bars)
+                if overall is not None:
+                    bars.advance(overall, info=name)
                 metrics["time_s"] = time.perf_counter() - t0
                 result.metrics.update({f"{self.prefix}/{name}/{k}": v for k, v in metrics.items()})
                 if out_dir is not None and self.s.write_samples:
@@ -135,7 +143,7 @@ class BenchmarkEvaluator:
         return result
 
     # ---- one benchmark ---------------------------------------------------------------------------
-    def run_benchmark(self, bench: Benchmark, model, tokenizer) -> tuple[dict[str, float], list[dict]]:
+    def run_benchmark(self, bench: Benchmark, model, tokenizer, bars: Bars | None = None) -> tuple[dict, list[dict]]:
         s, n = self.s, self.s.n
         records = bench.records(s.limit, self.exclude)
         if not records:
@@ -147,6 +155,8 @@ class BenchmarkEvaluator:
         log.info("eval %s: %d problems x %d %s samples", bench.name, len(records), n, "greedy" if greedy else "sampled")
         max_new = s.max_new_tokens or bench.max_new_tokens
         texts, lengths, truncated = [], [], []
+        bars = bars or Bars(enabled=False)
+        task = bars.add(f"eval {bench.name}", len(prompts), unit=" problems")
         for i in range(0, len(prompts), s.batch_problems):
             out = self.rollout.generate(
                 model, tokenizer, prompts[i : i + s.batch_problems], n, greedy=greedy, max_new_tokens=max_new
@@ -154,6 +164,7 @@ class BenchmarkEvaluator:
             texts.extend(out.texts)
             lengths.extend(out.completion_mask.sum(-1).tolist())
             truncated.extend(out.truncated.tolist())
+            bars.update(task, min(i + s.batch_problems, len(prompts)), info=f"x {n} samples")
         recs_rep = [r for r in records for _ in range(n)]
         answers = [bench.extractor(c, r) for c, r in zip(texts, recs_rep)]
         scores = bench.checker.check(answers, recs_rep)
@@ -192,6 +203,7 @@ class BenchmarkEvaluator:
         metrics["no_answer_frac"] = float(np.mean([a is None for a in answers]))
         per = [{} for _ in texts]
         if self.consistency is not None and bench.answer_format is not None:
+            bars.update(task, len(prompts), info="consistency rates ...")
             cm, per_c = self.consistency.measure(
                 model,
                 tokenizer,
@@ -203,6 +215,7 @@ class BenchmarkEvaluator:
             )
             metrics.update(cm)
             per[: len(per_c)] = per_c
+            bars.update(task, len(prompts), info="done")
         rows = []
         for p, rec in enumerate(records):
             samples = []

@@ -84,7 +84,7 @@ def run_eval(cfg: DictConfig):
     if meter is not None and meter.judge == "reference":
         meter.reference_model = base.model  # the base model; the evaluated model itself without a checkpoint
     rollout = instantiate(cfg.rollout)
-    evaluator = BenchmarkEvaluator(benchmarks, rollout, settings, meter)
+    evaluator = BenchmarkEvaluator(benchmarks, rollout, settings, meter, progress=t.progress)
     tracker, jsonl = build_trackers(cfg, run_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
     tags = eval_tags(cfg, prov, run_dir, list(benchmarks), ckpt_dir or "")

@@ -3,6 +3,7 @@ instantiated with errors that name their key."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -39,6 +40,23 @@ def write_provenance(cfg: DictConfig, run_dir: Path) -> dict:
     from rlexp.tracking.provenance import write_provenance as write
 
     return write(cfg, run_dir)
+
+
+def link_latest(run_dir: Path) -> None:
+    """``outputs/latest`` -> the newest training run under ``./outputs`` (``eval.checkpoint=outputs/latest``).
+    Only for run directories inside ``./outputs``; best effort (a file system without links: nothing)."""
+    outputs = Path("outputs").resolve()
+    run_dir = Path(run_dir).resolve()
+    if outputs not in run_dir.parents:
+        return
+    link = outputs / "latest"
+    tmp = outputs / f".latest-{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(run_dir.relative_to(outputs), target_is_directory=True)
+        os.replace(tmp, link)  # atomic: parallel runs never leave a broken link
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def build_trackers(cfg: DictConfig, run_dir: Path):

@@ -15,6 +15,7 @@ from rlexp.runs.setup import (
     build_reward_term,
     build_scheduler,
     build_trackers,
+    link_latest,
     prepare_process,
     write_provenance,
 )
@@ -63,6 +64,7 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)
+    link_latest(run_dir)
     data = build(cfg.dataset, "dataset")
     prompt_format = build(cfg.prompt, "prompt")
     reward_terms = {name: build_reward_term(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
@@ -115,9 +117,18 @@ def run(cfg: DictConfig, callbacks: list | None = None):
         raise
     finally:
         finish_provenance(run_dir, status)
-    log.info(
-        "done: step %d  %s",
-        result.last_step,
-        {k: round(v, 4) for k, v in result.metrics.items() if k in ("reward/mean", "accuracy", "length/mean")},
-    )
+        report(run_dir, status, tracker)
     return result
+
+
+def report(run_dir: Path, status: str, tracker) -> None:
+    """The end-of-run summary (``rlexp.runs.summary``), printed and written to ``<run dir>/summary.md``; a
+    failure here never hides the run's own outcome."""
+    from rlexp.runs.summary import print_summary, summarise, write_summary
+
+    try:
+        summary = summarise(run_dir, status, tracker.describe())
+        log.info("summary: %s", write_summary(summary))
+        print_summary(summary)
+    except Exception as e:  # the summary is a report, not part of the run
+        log.warning("could not write the run summary: %r", e)

@@ -31,6 +31,11 @@ class Tracker:
 
     def finish(self, status: str = "FINISHED") -> None: ...
 
+    def describe(self) -> list[dict[str, str]]:
+        """Where this run went, for the end-of-run summary: ``tracker``, ``run_id``, ``where`` (store or URL),
+        ``open`` (the command or URL that shows it). Empty when it went nowhere."""
+        return []
+
 
 class NoTracker(Tracker):
     name = "none"
@@ -108,6 +113,9 @@ class MultiTracker(Tracker):
     def backfill(self, rows):
         for t in self.trackers:
             t.backfill(rows)
+
+    def describe(self):
+        return [d for t in self.trackers for d in t.describe()]
 
     def finish(self, status="FINISHED"):
         """Tag the end time, then finish every tracker."""

@@ -165,6 +165,7 @@ class MLflowTracker(Tracker):
         self._overflowed = False
         self.client = None
         self.run_id: str | None = None
+        self.experiment_id: str | None = None
         self.run_dir: str | None = None
         self._queue: collections.deque = collections.deque()
         self._cv = threading.Condition()
@@ -192,7 +193,7 @@ class MLflowTracker(Tracker):
         deadline, wait, last_error = time.monotonic() + self.start_timeout, self.retry_interval, None
         while True:
             try:  # one request creates the run (with its tags); the params follow through the queue
-                exp_id = experiment_id(self.client, self.experiment, self.artifact_location)
+                exp_id = self.experiment_id = experiment_id(self.client, self.experiment, self.artifact_location)
                 self.run_id = self.client.create_run(
                     exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
                 ).info.run_id
@@ -216,6 +217,22 @@ class MLflowTracker(Tracker):
         self._submit("params", param_entities(params))
         self._start_worker()
         return self.run_id
+
+    def describe(self):
+        if self.run_id is None:
+            return []
+        uri = self.tracking_uri
+        remote = uri.startswith(("http://", "https://", "databricks"))
+        base = uri.rstrip("/") if remote else "http://127.0.0.1:5000"
+        exp = self.experiment_id
+        if exp is None:
+            try:  # a resumed run: one request for its experiment
+                exp = self.client.get_run(self.run_id).info.experiment_id
+            except Exception:
+                exp = None
+        url = f"{base}/#/experiments/{exp}/runs/{self.run_id}" if exp else base
+        opener = url if remote else f"mlflow ui --backend-store-uri {uri}  # then {url}"
+        return [{"tracker": "mlflow", "run_id": self.run_id, "where": uri, "open": opener}]
 
     def _start_worker(self) -> None:
         self._thread = threading.Thread(target=self._worker, name="mlflow-tracker", daemon=True)

@@ -31,6 +31,7 @@ class WandbTracker(Tracker):
         self.project, self.entity, self.dir = project, entity, dir
         self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.run = None
+        self.run_id = self.url = self.files_dir = None
 
     def start(self, run_name, config, params, tags, resume_id=None):
         import wandb
@@ -48,7 +49,16 @@ class WandbTracker(Tracker):
             resume="allow" if resume_id else None,
             settings=wandb.Settings(silent=True),
         )
+        self.run_id, self.url, self.files_dir = self.run.id, getattr(self.run, "url", None), self.run.dir
         return self.run.id
+
+    def describe(self):
+        if self.run_id is None:
+            return []
+        if self.mode == "online" and self.url:
+            return [{"tracker": "wandb", "run_id": self.run_id, "where": self.url, "open": self.url}]
+        run_dir = os.path.dirname(self.files_dir) if self.files_dir else self.dir
+        return [{"tracker": "wandb", "run_id": self.run_id, "where": run_dir, "open": f"wandb sync {run_dir}"}]
 
     def log_metrics(self, metrics, step):
         self.run.log(dict(metrics), step=step)

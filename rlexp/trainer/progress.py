@@ -1,12 +1,8 @@
-"""A rich progress bar with live reward/accuracy."""
+"""The training progress bar with live reward/accuracy (``rlexp.core.progress.Bars``)."""
 
 from __future__ import annotations
 
-import logging
-
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-log = logging.getLogger("rlexp.progress")
+from rlexp.core.progress import Bars
 
 
 class TrainProgress:
@@ -14,23 +10,15 @@ class TrainProgress:
 
     def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train"):
         self.enabled, self.total = enabled, total
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            disable=not enabled,
-        )
-        self.task = self.progress.add_task(description, total=total, completed=start, info="")
+        self.bars = Bars(enabled)
+        self.task = self.bars.add(description, total, completed=start, unit=" steps")
 
     def __enter__(self):
-        self.progress.__enter__()
+        self.bars.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
+        return self.bars.__exit__(*exc)
 
     def update(self, step: int, metrics: dict) -> None:
         info = f"reward {metrics.get('reward/mean', float('nan')):.3f}"
@@ -39,10 +27,4 @@ class TrainProgress:
         if "eval/accuracy" in metrics:
             info += f"  eval {metrics['eval/accuracy']:.3f}"
         info += f"  len {metrics.get('length/mean', 0):.0f}  {metrics.get('time/step_s', 0):.1f}s/step"
-        self.progress.update(self.task, completed=step, info=info)
-        if (
-            self.enabled
-            and not self.progress.console.is_terminal
-            and (step % max(1, self.total // 20) == 0 or step == self.total)
-        ):
-            log.info("step %d/%d  %s", step, self.total, info)
+        self.bars.update(self.task, step, info)
