@@ -87,9 +87,26 @@ def convert_gguf_once(
 
 
 def _convert(src: Path, target: Path) -> None:
-    """The dequantised GGUF as a ``save_pretrained`` checkpoint (and its tokenizer) in ``target``."""
-    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    """The dequantised GGUF as a ``save_pretrained`` checkpoint (and its tokenizer) in ``target``; its four
+    phases (tokenizer, dequantise, rebuild, save) on a progress bar (transformers shows the per-tensor one)."""
+    from rlexp.core.progress import Bars
+
+    with Bars(logger=log) as bars:
+        task = bars.add(f"convert {src.name}", 4, unit=" phases")
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        bars.update(task, 1, info="tokenizer read; dequantising")
+        dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        bars.update(task, 2, info="dequantised; rebuilding")
+        clean = _rebuild(dequant)
+        bars.update(task, 3, info="rebuilt; saving")
+        clean.save_pretrained(target)
+        tok.save_pretrained(target)
+        if dequant.generation_config is not None:
+            dequant.generation_config.save_pretrained(target)
+        bars.update(task, 4, info=f"saved to {target}")
+
+
+def _rebuild(dequant):
     # The dequantised model cannot be save_pretrained directly: rebuild it from its config.
     config = dequant.config
     if hasattr(config, "quantization_config"):  # else the copy is flagged as GGUF-quantised, unsaveable
@@ -100,10 +117,7 @@ def _convert(src: Path, target: Path) -> None:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     if missing:  # tied embeddings
         clean.tie_weights()
-    clean.save_pretrained(target)
-    tok.save_pretrained(target)
-    if dequant.generation_config is not None:
-        dequant.generation_config.save_pretrained(target)
+    return clean
 
 
 def load_tokenizer(source: str, **kwargs) -> PreTrainedTokenizerBase:
