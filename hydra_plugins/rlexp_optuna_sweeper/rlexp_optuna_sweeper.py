@@ -30,6 +30,7 @@ class RLExpOptunaSweeper(Sweeper):
         grace_period: float | None = None,
         plots: bool = True,
         trial_key: str | None = "trial",
+        search_space: DictConfig | None = None,
     ) -> None:
         self.settings = OmegaConf.create(
             {
@@ -49,6 +50,7 @@ class RLExpOptunaSweeper(Sweeper):
                 "grace_period": grace_period,
                 "plots": plots,
                 "trial_key": trial_key,
+                "search_space": search_space,
             }
         )
         self.config: DictConfig | None = None

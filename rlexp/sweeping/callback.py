@@ -125,6 +125,14 @@ def sweep_callbacks(cfg) -> list:
     os.environ["RLEXP_SWEEP"] = str(t.study)
     os.environ["RLEXP_TRIAL"] = str(t.number)
     reporter = TrialReporter(str(t.storage), str(t.study), int(t.number))
+    if not reporter.objectives:
+        from rlexp.config.schema import ConfigError
+
+        raise ConfigError(
+            "hydra.sweeper.objective is null, so the sweeper expects a float (or a list of floats) from the "
+            "job, but rlexp train returns a dict of metrics: name the metric(s) to optimise, e.g. "
+            "hydra.sweeper.objective=eval/accuracy hydra.sweeper.direction=maximize"
+        )
     check_objectives_measurable(
         cfg, [reporter.metric or "", *reporter.objectives], pruning=type(reporter.pruner).__name__ != "NopPruner"
     )

@@ -38,13 +38,30 @@ def missing_metric_message(name: str, metrics: Mapping[str, Any], key: str = "hy
     return f"{key}: metric {name!r} is not among the job's returned metrics{hint}"
 
 
+def _floats(returned: Any, n_directions: int) -> list[float]:
+    """Upstream's reading of a returned value: one direction, ``float(value)``; several, a sequence of
+    float-castable values."""
+    if n_directions == 1 and (isinstance(returned, str) or not isinstance(returned, Sequence)):
+        try:
+            return [float(returned)]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the job returned {returned!r}: expected a float (one direction)") from e
+    if isinstance(returned, str) or not isinstance(returned, Sequence):
+        raise ValueError(f"the job returned {returned!r}: expected a list of {n_directions} floats (one per direction)")
+    try:
+        return [float(v) for v in returned]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the job returned {returned!r}: not a list of numbers") from e
+
+
 def objective_values(returned: Any, objectives: Sequence[str], n_directions: int) -> list[float]:
     """The trial's values from what the job returned: a metrics dict (read by ``objectives``), or,
     as with the upstream plugin, a float or a sequence of floats."""
     if isinstance(returned, Mapping):
         if not objectives:
             raise ValueError(
-                "hydra.sweeper.objective is null but the job returned a dict of metrics: name the metric(s) to optimise"
+                "the job returned a dict of metrics but hydra.sweeper.objective is null: name the metric(s) "
+                f"to optimise, one per direction; the job returned {sorted(map(str, returned))[:40]}"
             )
         values = []
         for name in objectives:
@@ -52,19 +69,12 @@ def objective_values(returned: Any, objectives: Sequence[str], n_directions: int
             if v is None:
                 raise ValueError(missing_metric_message(name, returned))
             values.append(v)
-    elif isinstance(returned, (int, float)) and not isinstance(returned, bool):
-        values = [float(returned)]
-    elif isinstance(returned, Sequence) and not isinstance(returned, str):
-        try:
-            values = [float(v) for v in returned]
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"the job returned {returned!r}: not a list of numbers") from e
     else:
-        raise ValueError(f"the job returned {returned!r}: expected a metrics dict, a float or a list of floats")
+        values = _floats(returned, n_directions)
     if len(values) != n_directions:
         raise ValueError(
-            f"{len(values)} objective value(s) for {n_directions} direction(s): hydra.sweeper.objective "
-            "and hydra.sweeper.direction must have the same length"
+            f"{len(values)} objective value(s) for {n_directions} hydra.sweeper.direction(s): the job must "
+            "return one value per direction"
         )
     for name, v in zip(objectives or ["value"] * len(values), values):
         if not math.isfinite(v):

@@ -7,9 +7,11 @@ job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` t
 - Study-wide budget: ``n_trials`` counts every trial of the study, so a re-run (resume) or a second
   worker on the same storage only adds what is missing; trial number = Hydra job number, so job
   folders keep counting.
-- The job learns which trial it is from ``trial.storage/study/number`` overrides and reports its
-  metric to the trial at every step (``rlexp.sweeping.callback``); a job its pruner stopped is told
-  PRUNED, a job that raised FAIL (with its error), anything else COMPLETE with the objective(s).
+- A job whose config has the ``trial_key`` node (rlexp train: ``trial``) learns which trial it is from
+  ``trial.storage/study/number`` overrides and reports its metric to the trial at every step
+  (``rlexp.sweeping.callback``); any other Hydra app gets only its parameters. A job its pruner stopped
+  is told PRUNED, a job that raised FAIL (with its error), anything else COMPLETE with the objective(s):
+  its returned float / list of floats, or the ``objective`` metrics of its returned dict.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import math
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -31,7 +34,7 @@ from optuna.trial import Trial, TrialState
 
 from rlexp.sweeping import trials as tr
 from rlexp.sweeping.objectives import as_list, metric_key, objective_values
-from rlexp.sweeping.search_space import build_search_space, format_value, grid_values
+from rlexp.sweeping.search_space import build_search_space, format_value, grid_points, range_values
 from rlexp.sweeping.storage import open_storage, redact, resolve_storage, storage_lock
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,8 @@ GRID = "optuna.samplers.GridSampler"
 FIXED_SEQUENCE = (GRID, "optuna.samplers.QMCSampler")
 NOP = "optuna.pruners.NopPruner"
 STUDY_ATTRS = ("objectives", "report_metric", "pruner")
+TRIAL_FIELDS = ("storage", "study", "number")
+SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
 
 
 class SweepConfigError(ValueError):
@@ -76,6 +81,45 @@ def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
     raise SweepConfigError(f"hydra.sweeper.params.{name}: unsupported distribution {dist}")
 
 
+def trial_node_key(key: str | None, config: DictConfig) -> str | None:
+    """``key`` when the app's composed config has that node with ``storage``, ``study`` and ``number``
+    (rlexp train's ``trial``), else None: the trial identity is then not passed to the job."""
+    if not key:
+        return None
+    node = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    if isinstance(node, DictConfig) and all(f in node for f in TRIAL_FIELDS):
+        return key
+    return None
+
+
+def check_sampler(target: str) -> None:
+    if target.rsplit(".", 1)[-1] == "MOTPESampler":
+        raise SweepConfigError(
+            "hydra/sweeper/sampler=motpe: MOTPESampler was removed in Optuna 4.0; use "
+            "hydra/sweeper/sampler=tpe (TPESampler optimises several directions) or nsgaii"
+        )
+
+
+def search_space_params(settings: DictConfig) -> dict | None:
+    """``hydra.sweeper.params``, or upstream's deprecated ``hydra.sweeper.search_space`` (explicit
+    distribution dicts) when only that is set; warns as upstream does."""
+    params, old = settings.get("params"), settings.get("search_space")
+    if old is not None and params is not None:
+        warnings.warn(
+            "Both hydra.sweeper.params and hydra.sweeper.search_space are configured.\n"
+            f"Hydra will use hydra.sweeper.params for defining search space.\n{SEARCH_SPACE_URL}"
+        )
+    elif old is not None:
+        from hydra._internal.deprecation_warning import deprecation_warning
+
+        deprecation_warning(
+            "`hydra.sweeper.search_space` is deprecated and will be removed in the next major release.\n"
+            f"Please configure with `hydra.sweeper.params`.\n{SEARCH_SPACE_URL}"
+        )
+        params = old
+    return OmegaConf.to_container(params, resolve=False) if params is not None else None
+
+
 def error_text(e: BaseException) -> tuple[str, str]:
     """(one-line error, traceback text) of a job's exception."""
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
@@ -85,11 +129,11 @@ def error_text(e: BaseException) -> tuple[str, str]:
 class OptunaSweep:
     def __init__(self, settings: DictConfig, config: DictConfig, launcher, sequential: bool):
         self.s, self.config, self.launcher = settings, config, launcher
-        self.directions = [str(d) for d in as_list(settings.direction)] or ["maximize"]
+        self.directions = [str(d) for d in as_list(settings.direction)] or ["minimize"]
         for d in self.directions:
             if d not in ("minimize", "maximize"):
                 raise SweepConfigError(f"hydra.sweeper.direction: {d!r} is neither minimize nor maximize")
-        self.objectives = [metric_key(o) for o in as_list(settings.objective)]
+        self.objectives = [metric_key(o) for o in as_list(settings.get("objective"))]
         if self.objectives and len(self.objectives) != len(self.directions):
             raise SweepConfigError(
                 f"hydra.sweeper.objective has {len(self.objectives)} metric(s) but "
@@ -103,10 +147,16 @@ class OptunaSweep:
         self.pruner_cfg = (
             OmegaConf.to_container(settings.pruner, resolve=True) if settings.get("pruner") else {"_target_": NOP}
         )
-        if len(self.directions) > 1 and self.pruner_cfg.get("_target_") != NOP:
+        pruning = self.pruner_cfg.get("_target_") != NOP
+        if len(self.directions) > 1 and pruning:
             raise SweepConfigError(
                 "hydra.sweeper.pruner: Optuna cannot prune multi-objective studies; "
                 "use hydra/sweeper/pruner=none with several directions"
+            )
+        if pruning and self.report_metric is None:
+            raise SweepConfigError(
+                "hydra.sweeper.pruner needs a metric the jobs report at every step: set "
+                "hydra.sweeper.objective (or hydra.sweeper.report_metric)"
             )
         if settings.n_trials < 1:
             raise SweepConfigError(f"hydra.sweeper.n_trials={settings.n_trials}: must be >= 1")
@@ -116,17 +166,24 @@ class OptunaSweep:
             raise SweepConfigError(f"hydra.sweeper.max_failure_rate={settings.max_failure_rate}: must be in [0, 1]")
         self.in_flight = 1 if sequential else settings.n_jobs
         if sequential and settings.n_jobs > 1:
-            log.warning(
+            log.info(
                 "hydra.sweeper.n_jobs=%d with the basic launcher: it runs one job at a time in this "
                 "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials",
                 settings.n_jobs,
             )
         self.sampler_cfg = settings.sampler
+        check_sampler(str(self.sampler_cfg._target_))
         self.seed = settings.sampler.get("seed")
         # other samplers get seed + trial number per trial, so resumed sweeps and parallel workers
         # sharing a seed do not replay the same draws
         self.per_trial_seed = self.seed is not None and settings.sampler._target_ not in FIXED_SEQUENCE
-        self.trial_key = settings.get("trial_key", "trial")
+        self.trial_key = trial_node_key(settings.get("trial_key", "trial"), config)
+        if pruning and self.trial_key is None:
+            log.warning(
+                "hydra.sweeper.pruner is set but the app's config has no %r node (storage, study, number): "
+                "its jobs cannot report to their trials, so nothing is pruned",
+                settings.get("trial_key"),
+            )
         self.hook: Callable | None = (
             get_method(settings.custom_search_space) if settings.get("custom_search_space") else None
         )
@@ -141,10 +198,13 @@ class OptunaSweep:
 
     # ---- study ----------------------------------------------------------------------------------
     def make_sampler(self, seed: int | None):
-        kwargs = {"seed": seed} if "seed" in self.sampler_cfg else {}
-        if self.sampler_cfg._target_ == GRID:
+        """The sampler; keys left null are not passed (Optuna's defaults apply)."""
+        cfg = {k: v for k, v in OmegaConf.to_container(self.sampler_cfg, resolve=True).items() if v is not None}
+        cfg.pop("seed", None)
+        kwargs = {"seed": seed} if seed is not None else {}
+        if cfg["_target_"] == GRID:
             kwargs["search_space"] = self.grid
-        return instantiate(self.sampler_cfg, **kwargs, _convert_="all")
+        return instantiate(cfg, **kwargs, _convert_="all")
 
     def open_study(self) -> optuna.Study:
         with storage_lock(self.storage_url):  # workers starting together must not both create the tables
@@ -297,14 +357,13 @@ class OptunaSweep:
         self.state.outcomes.append(self.tell(study, trial, ret))
 
     def run(self, arguments: list[str]) -> dict:
-        self.space, self.fixed = build_search_space(
-            OmegaConf.to_container(self.s.params, resolve=False) if self.s.get("params") else None, arguments
-        )
-        if not self.space and self.hook is None:
-            raise SweepConfigError("hydra.sweeper.params is empty and no sweep override was given: nothing to search")
+        params = search_space_params(self.s)
+        self.space, self.fixed = build_search_space(params, arguments)
+        if not self.space and self.hook is None:  # as upstream: n_trials jobs of the fixed config
+            log.info("empty search space: each trial runs the config as given")
         self.n_trials = self.s.n_trials
         if self.sampler_cfg._target_ == GRID:
-            self.grid = {name: grid_values(name, d) for name, d in self.space.items()}
+            self.grid = grid_points(self.space, range_values(params, arguments))
             size = math.prod(len(v) for v in self.grid.values())
             if size < self.n_trials:
                 log.info("grid sampler: %d grid points, n_trials %d -> %d", size, self.n_trials, size)

@@ -15,6 +15,10 @@ current distribution classes:
 ``{type: float|int|categorical, low, high, log, step, choices}``  the distribution it names
 anything else (``x=5``)                a fixed value passed to every trial, not searched
 =====================================  =========================================================
+
+The grid sampler enumerates each parameter (``grid_points``): ``range(a, b, step)`` gives Hydra's own
+range values, ``b`` *excluded* (upstream's grid points whenever ``b - a`` is a whole number of steps);
+other discrete distributions give every value from low to high, both included.
 """
 
 from __future__ import annotations
@@ -109,16 +113,21 @@ def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], di
     return lines, explicit
 
 
+def _entries(params: Mapping[str, Any] | None, arguments: list[str]):
+    """The explicit distributions of ``params``, then its overrides and the command line's, parsed."""
+    lines, explicit = params_to_overrides(params)
+    return explicit, OverridesParser.create().parse_overrides(lines + list(arguments))
+
+
 def build_search_space(
     params: Mapping[str, Any] | None, arguments: list[str]
 ) -> tuple[dict[str, BaseDistribution], dict[str, Any]]:
     """(distributions, fixed values) from ``hydra.sweeper.params`` then the command line; a later
     entry for the same key wins (so ``x=3`` on the command line fixes a searched ``x``)."""
-    lines, explicit = params_to_overrides(params)
+    explicit, overrides = _entries(params, arguments)
     space: dict[str, BaseDistribution] = dict(explicit)
     fixed: dict[str, Any] = {}
-    parser = OverridesParser.create()
-    for override in parser.parse_overrides(lines + list(arguments)):
+    for override in overrides:
         key = override.get_key_element()
         value = distribution_from_override(override)
         space.pop(key, None)
@@ -130,8 +139,22 @@ def build_search_space(
     return space, fixed
 
 
+def range_values(params: Mapping[str, Any] | None, arguments: list[str]) -> dict[str, list]:
+    """Hydra's values of each searched ``range(...)`` sweep (``b`` excluded), by key, as the basic
+    sweeper would run them; keys whose last entry is not a ``range`` are left out."""
+    _, overrides = _entries(params, arguments)
+    out: dict[str, list] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        out.pop(key, None)
+        value = override.value() if override.is_sweep_override() else None
+        if isinstance(value, RangeSweep) and not value.shuffle:
+            out[key] = list(override.sweep_iterator())
+    return out
+
+
 def grid_values(name: str, dist: BaseDistribution) -> list:
-    """Every value of a discrete distribution, for the grid sampler."""
+    """Every value of a discrete distribution, low and high included."""
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
     if isinstance(dist, IntDistribution) and not dist.log:
@@ -142,6 +165,18 @@ def grid_values(name: str, dist: BaseDistribution) -> list:
     raise SearchSpaceError(
         f"{name}: the grid sampler needs a discrete parameter (choice, range, or a step), got {dist}"
     )
+
+
+def grid_points(space: Mapping[str, BaseDistribution], ranges: Mapping[str, list]) -> dict[str, list]:
+    """The grid sampler's search space: a ``range(a, b)`` sweep's own values (``ranges``), else
+    ``grid_values``."""
+    out = {}
+    for name, dist in space.items():
+        if name in ranges:
+            out[name] = [round(v, 12) if isinstance(v, float) else v for v in ranges[name]]
+        else:
+            out[name] = grid_values(name, dist)
+    return out
 
 
 def format_value(value: Any) -> str:

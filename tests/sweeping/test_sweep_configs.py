@@ -1,6 +1,7 @@
 """The ready-made sweeps (conf/sweep/*.yaml, `rlexp train -m +sweep=<name>`): each composes with the
-rlexp_optuna sweeper, every searched key exists in the train config, and its search space parses;
-g_vs_prompts keeps the sample budget; one of them runs end to end on the tiny model."""
+rlexp_optuna sweeper, every searched key exists in the train config, its search space parses and it
+states its own direction, objective, n_jobs and failure rate; g_vs_prompts keeps the sample budget;
+each runs end to end on the tiny model (two trials)."""
 
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from rlexp.config.paths import CONF_DIR
+from rlexp.sweeping.objectives import as_list, metric_key
 from rlexp.sweeping.search_space import build_search_space
 from rlexp.sweeping.spaces import fixed_sample_budget
 
@@ -70,44 +72,71 @@ def test_fixed_sample_budget_derives_prompts_per_step():
         fixed_sample_budget(cfg, trial_with(3))
 
 
-def test_g_vs_prompts_runs_on_the_tiny_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_states_its_own_choices(name):
+    """The sweeper's defaults are upstream's (minimize, the job's returned float, n_jobs 2, no failure
+    allowed); a ready sweep states what it needs, so it behaves the same whatever those defaults are."""
+    raw = OmegaConf.load(Path(CONF_DIR, "sweep", f"{name}.yaml")).hydra.sweeper
+    for key in ("direction", "objective", "n_trials", "n_jobs", "max_failure_rate", "study_name", "params"):
+        assert key in raw, f"conf/sweep/{name}.yaml: hydra.sweeper.{key} is not stated"
+    assert (raw.n_jobs, raw.max_failure_rate) == (1, 0.25)
+
+
+TINY = [
+    "hydra.sweeper.plots=false",
+    "hydra.sweeper.n_trials=2",
+    "model=tiny",
+    "trainer.max_steps=2",
+    "trainer.prompts_per_step=1",
+    "trainer.micro_batch_size=8",
+    "trainer.num_threads=1",
+    "tracker=none",
+    "trainer.progress=false",
+    "dataset.train_size=32",
+    "dataset.eval_size=4",
+    "eval.size=2",
+    "trainer.eval_every=1",
+    "trainer.checkpoint_every=0",
+]
+SHRINK = {  # only the sizes shrink; every sweep keeps its own search space, sampler and pruner
+    "accuracy_vs_length": ["trainer.num_generations=2", "trainer.max_new_tokens=choice(4, 6)"],
+    "g_vs_prompts": ["trainer.max_new_tokens=4", "trainer.num_generations=choice(2,4)"],  # budget 1 x 8
+}
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_ready_sweep_runs_two_trials_on_the_tiny_model(name, tmp_path, monkeypatch):
+    """`rlexp train -m +sweep=<name>` end to end on the tiny model, two trials."""
     from rlexp.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    extra = SHRINK.get(name, ["trainer.num_generations=2", "trainer.max_new_tokens=4"])
     threads = torch.get_num_threads()
     try:
-        main(
-            [
-                "train",
-                "-m",
-                "+sweep=g_vs_prompts",
-                f"hydra.sweep.dir={tmp_path}/g",
-                "hydra.sweeper.plots=false",
-                "trainer.num_generations=choice(2,4)",
-                "trainer.prompts_per_step=1",
-                "model=tiny",
-                "trainer.max_steps=2",
-                "trainer.max_new_tokens=4",
-                "trainer.micro_batch_size=8",
-                "trainer.num_threads=1",
-                "tracker=none",
-                "trainer.progress=false",
-                "dataset.train_size=32",
-                "dataset.eval_size=4",
-                "eval.size=2",
-                "trainer.eval_every=1",
-                "trainer.checkpoint_every=0",
-            ]
-        )
+        main(["train", "-m", f"+sweep={name}", f"hydra.sweep.dir={tmp_path}/s", *TINY, *extra])
     finally:
         torch.set_num_threads(threads)
-    study = optuna.load_study(study_name="g_vs_prompts", storage=f"sqlite:///{tmp_path}/g/g_vs_prompts.db")
+    cfg = compose_sweep(name)
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/s/{name}.db")
     trials = study.trials
-    assert len(trials) == 2 and all(t.state == TrialState.COMPLETE for t in trials)
-    for t in trials:  # budget 1 x 8 (config.yaml's G) = 8 completions per step, split as prompts_per_step x G
-        g = t.params["trainer.num_generations"]
-        assert t.user_attrs["derived"] == {"trainer.prompts_per_step": 8 // g}
+    assert len(trials) == 2 and all(t.state == TrialState.COMPLETE for t in trials), [t.user_attrs for t in trials]
+    directions = cfg.hydra.sweeper.direction
+    assert [d.name.lower() for d in study.directions] == ([directions] if isinstance(directions, str) else directions)
+    space, _ = build_search_space(OmegaConf.to_container(cfg.hydra.sweeper.params), extra)
+    assert all(set(t.params) == set(space) for t in trials)
+    assert study.user_attrs["objectives"] == [metric_key(o) for o in as_list(cfg.hydra.sweeper.objective)]
+    assert (tmp_path / "s" / "optimization_results.yaml").exists()
+    for t in trials:  # each trial's job ran with its own parameters and knew its trial
         job = OmegaConf.load(Path(t.user_attrs["job_dir"]) / "config.yaml")
-        assert (job.trainer.prompts_per_step, job.trainer.num_generations) == (8 // g, g)
-        assert sorted(t.intermediate_values) == [1, 2]  # eval/accuracy reported at each evaluation
+        assert (job.trial.study, job.trial.number) == (name, t.number)
+        for key, value in t.params.items():
+            assert OmegaConf.select(job, key) == value
+    if len(study.directions) == 1:  # eval/accuracy reported to the trial at each evaluation (steps 1 and 2)
+        assert all(sorted(t.intermediate_values) == [1, 2] for t in trials)
+    if name == "g_vs_prompts":  # budget 1 x 8 (config.yaml's G) = 8 completions per step, split as prompts x G
+        for t in trials:
+            g = t.params["trainer.num_generations"]
+            assert t.user_attrs["derived"] == {"trainer.prompts_per_step": 8 // g}
+            job = OmegaConf.load(Path(t.user_attrs["job_dir"]) / "config.yaml")
+            assert (job.trainer.prompts_per_step, job.trainer.num_generations) == (8 // g, g)

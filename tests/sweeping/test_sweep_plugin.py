@@ -29,11 +29,21 @@ def test_hydra_discovers_the_sweeper():
     assert "RLExpOptunaSweeper" in [p.__name__ for p in Plugins.instance().discover(Sweeper)]
 
 
-def test_sweeper_config_group_defaults():
+def test_sweeper_config_group_defaults_are_upstreams():
     s = compose_hydra("hydra/sweeper=rlexp_optuna")
     assert s._target_.endswith("RLExpOptunaSweeper") and s._recursive_ is False
     assert s.sampler._target_ == "optuna.samplers.TPESampler" and s.pruner._target_ == "optuna.pruners.NopPruner"
-    assert (s.direction, s.objective, s.n_trials, s.n_jobs, s.storage) == ("maximize", "eval/accuracy", 20, 1, None)
+    # upstream hydra-optuna-sweeper 1.3's OptunaSweeperConf defaults
+    assert (s.direction, s.n_trials, s.n_jobs, s.max_failure_rate, s.storage, s.study_name) == (
+        "minimize",
+        20,
+        2,
+        0.0,
+        None,
+        None,
+    )
+    assert s.params is None and s.search_space is None and s.custom_search_space is None
+    assert s.objective is None  # the job's returned float(s), as upstream
 
 
 @pytest.mark.parametrize("name", PRUNERS)

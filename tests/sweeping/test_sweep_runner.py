@@ -37,6 +37,7 @@ def settings(**kw):
         grace_period=None,
         plots=False,
         trial_key="trial",
+        search_space=None,
     )
     base.update(kw)
     return OmegaConf.create(base)
@@ -75,8 +76,11 @@ class FakeLauncher:
         return out
 
 
-def make_sweep(tmp_path, job, sequential=True, **kw):
+def make_sweep(tmp_path, job, sequential=True, trial_node=True, **kw):
+    """A sweep over ``job``; its app config has rlexp's ``trial`` node unless ``trial_node=False``."""
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "job": {"name": "train"}}})
+    if trial_node:
+        config.trial = {"storage": None, "study": None, "number": None}
     launcher = FakeLauncher(job, tmp_path)
     return OptunaSweep(settings(**kw), config, launcher, sequential=sequential), launcher
 
