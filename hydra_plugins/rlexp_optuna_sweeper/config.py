@@ -55,7 +55,7 @@ class CmaEsSamplerConfig(SamplerConfig):
     """Needs the ``cmaes`` package. Continuous/int parameters only (categoricals fall back to random)."""
 
     _target_: str = "optuna.samplers.CmaEsSampler"
-    x0: Optional[dict[str, Any]] = None
+    x0: Optional[Any] = None  # {param: value}; Any, not dict: a command-line dict then replaces null
     sigma0: Optional[float] = None
     n_startup_trials: int = 1
     independent_sampler: Optional[Any] = None  # a sampler config (``_target_: optuna.samplers...``)

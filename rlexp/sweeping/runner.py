@@ -100,6 +100,18 @@ def check_sampler(target: str) -> None:
         )
 
 
+def build_sampler(sampler_cfg: DictConfig, seed: int | None, grid: dict | None = None):
+    """The Optuna sampler of ``hydra.sweeper.sampler`` seeded with ``seed``; keys left null are not
+    passed (Optuna's defaults apply); the grid sampler gets ``grid`` as its search space."""
+    check_sampler(str(sampler_cfg._target_))
+    cfg = {k: v for k, v in OmegaConf.to_container(sampler_cfg, resolve=True).items() if v is not None}
+    cfg.pop("seed", None)
+    kwargs: dict[str, Any] = {"seed": seed} if seed is not None else {}
+    if cfg["_target_"] == GRID:
+        kwargs["search_space"] = grid
+    return instantiate(cfg, **kwargs, _convert_="all")
+
+
 def search_space_params(settings: DictConfig) -> dict | None:
     """``hydra.sweeper.params``, or upstream's deprecated ``hydra.sweeper.search_space`` (explicit
     distribution dicts) when only that is set; warns as upstream does."""
@@ -198,13 +210,7 @@ class OptunaSweep:
 
     # ---- study ----------------------------------------------------------------------------------
     def make_sampler(self, seed: int | None):
-        """The sampler; keys left null are not passed (Optuna's defaults apply)."""
-        cfg = {k: v for k, v in OmegaConf.to_container(self.sampler_cfg, resolve=True).items() if v is not None}
-        cfg.pop("seed", None)
-        kwargs = {"seed": seed} if seed is not None else {}
-        if cfg["_target_"] == GRID:
-            kwargs["search_space"] = self.grid
-        return instantiate(cfg, **kwargs, _convert_="all")
+        return build_sampler(self.sampler_cfg, seed, getattr(self, "grid", None))
 
     def open_study(self) -> optuna.Study:
         with storage_lock(self.storage_url):  # workers starting together must not both create the tables

@@ -66,3 +66,15 @@ def test_a_finished_trial_cannot_be_reported_to_again(tiny_cfg, running_trial, m
     monkeypatch.setenv("RLEXP_TRIAL", "x")
     with pytest.raises(RuntimeError, match=r"trial.number=0: trial 0 of study 's' is already COMPLETE"):
         sweep_callbacks(with_trial(tiny_cfg(), storage, trial.number, eval__size=4))
+
+
+def test_a_study_without_objective_metrics_fails_the_job_before_training(tiny_cfg, running_trial, monkeypatch):
+    """rlexp train returns a metrics dict: with hydra.sweeper.objective null (upstream's returned float) the
+    job says so at once instead of training and then failing."""
+    storage, study, trial = running_trial
+    study.set_user_attr("objectives", [])
+    study.set_user_attr("report_metric", None)
+    monkeypatch.setenv("RLEXP_SWEEP", "x")
+    monkeypatch.setenv("RLEXP_TRIAL", "x")
+    with pytest.raises(ConfigError, match="hydra.sweeper.objective is null.*hydra.sweeper.objective=eval/accuracy"):
+        sweep_callbacks(with_trial(tiny_cfg(), storage, trial.number, eval__size=4))

@@ -103,3 +103,70 @@ def test_groups_are_registered_under_the_upstream_names():
     assert {f"{n}.yaml" for n in SAMPLERS} <= set(repo["sweeper"]["sampler"])
     assert {f"{n}.yaml" for n in PRUNERS} <= set(repo["sweeper"]["pruner"])
     assert plugin_config.PROVIDER == "rlexp_optuna_sweeper"
+
+
+UPSTREAM_SAMPLER_KEYS = {  # hydra-optuna-sweeper 1.3's sampler configs: every key it accepts
+    "tpe": [
+        "consider_prior=true",
+        "prior_weight=1.0",
+        "consider_magic_clip=true",
+        "consider_endpoints=false",
+        "n_startup_trials=10",
+        "n_ei_candidates=24",
+        "multivariate=false",
+        "warn_independent_sampling=true",
+    ],
+    "random": [],
+    "cmaes": [
+        "x0={x: 0.5}",
+        "sigma0=0.1",
+        "independent_sampler={_target_: optuna.samplers.RandomSampler}",
+        "warn_independent_sampling=true",
+        "consider_pruned_trials=false",
+        "restart_strategy=null",
+        "inc_popsize=2",
+        "use_separable_cma=false",
+        "source_trials=null",
+    ],
+    "nsgaii": [
+        "population_size=50",
+        "mutation_prob=null",
+        "crossover_prob=0.9",
+        "swapping_prob=0.5",
+        "constraints_func=null",
+    ],
+    "grid": [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM_SAMPLER_KEYS))
+def test_upstreams_sampler_keys_are_accepted_and_passed_to_optuna(name):
+    import warnings
+
+    from rlexp.sweeping.runner import build_sampler
+
+    overrides = [f"hydra.sweeper.sampler.{k}" for k in UPSTREAM_SAMPLER_KEYS[name]]
+    s = compose_hydra(
+        "hydra/sweeper=rlexp_optuna", f"hydra/sweeper/sampler={name}", "hydra.sweeper.sampler.seed=123", *overrides
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna 5 deprecates some of them (consider_*, restart_strategy)
+        sampler = build_sampler(s.sampler, 123, grid={"x": [0, 1]})
+    assert type(sampler).__name__ == s.sampler._target_.rsplit(".", 1)[-1]
+    if name == "tpe":
+        assert sampler._parzen_estimator_parameters.consider_endpoints is False and sampler._multivariate is False
+    if name == "cmaes":
+        assert sampler._x0 == {"x": 0.5} and sampler._sigma0 == 0.1
+        assert type(sampler._independent_sampler).__name__ == "RandomSampler"
+
+
+def test_motpe_composes_and_is_refused_naming_tpe():
+    from rlexp.sweeping.runner import SweepConfigError, build_sampler
+
+    s = compose_hydra(
+        "hydra/sweeper=rlexp_optuna", "hydra/sweeper/sampler=motpe", "hydra.sweeper.sampler.n_ehvi_candidates=24"
+    )
+    with pytest.raises(
+        SweepConfigError, match=r"MOTPESampler was removed in Optuna 4.0; use hydra/sweeper/sampler=tpe"
+    ):
+        build_sampler(s.sampler, None)

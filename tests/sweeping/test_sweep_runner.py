@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 
 from rlexp.sweeping import trials as tr
 from rlexp.sweeping.callback import TrialReporter
-from rlexp.sweeping.runner import OptunaSweep, SweepConfigError
+from rlexp.sweeping.objectives import objective_values
+from rlexp.sweeping.runner import OptunaSweep, SweepConfigError, trial_node_key
 from rlexp.sweeping.storage import default_storage
 
 
@@ -317,3 +318,60 @@ def test_importances_only_when_the_objective_varies(tmp_path):
     )
     imp = sweep.run([])["importances"]["score"]
     assert set(imp) == {"x", "y"} and imp["x"] > imp["y"]
+
+
+def test_only_an_app_with_the_trial_node_gets_the_trial_overrides(tmp_path):
+    seen = []
+    job = lambda v: (seen.append(sorted(v)), {"score": v["x"]})[1]
+    make_sweep(tmp_path / "rlexp", job, n_trials=1)[0].run([])
+    make_sweep(tmp_path / "plain", job, n_trials=1, trial_node=False)[0].run([])
+    assert seen == [["trial.number", "trial.storage", "trial.study", "x"], ["x"]]
+    config = OmegaConf.create({"trial": {"number": 1}, "other": {"storage": 1, "study": 1, "number": 1}})
+    assert trial_node_key("trial", config) is None  # not the three keys: another app's node of that name
+    assert trial_node_key("other", config) == "other" and trial_node_key(None, config) is None
+
+
+def test_with_a_null_objective_the_job_returns_its_values_as_upstream(tmp_path):
+    sweep, _ = make_sweep(tmp_path / "one", lambda v: v["x"], objective=None, direction="minimize", n_trials=2)
+    assert sweep.run([])["best_value"] == min(t.params["x"] for t in load(tmp_path / "one").trials)
+    two = ["minimize", "maximize"]
+    sweep, _ = make_sweep(tmp_path / "two", lambda v: (v["x"], 2 * v["x"]), objective=None, direction=two, n_trials=2)
+    sweep.run([])
+    assert all(t.values == [t.params["x"], 2 * t.params["x"]] for t in load(tmp_path / "two").trials)
+    sweep, _ = make_sweep(tmp_path / "dict", lambda v: {"score": 1.0}, objective=None, n_trials=1, max_failure_rate=1)
+    sweep.run([])
+    assert "hydra.sweeper.objective is null" in load(tmp_path / "dict").trials[0].user_attrs["error"]
+
+
+@pytest.mark.parametrize(
+    "returned,n,expected",
+    [(0.5, 1, [0.5]), ("0.5", 1, [0.5]), (3, 1, [3.0]), ([1, 2], 2, [1.0, 2.0]), ((1.5,), 1, [1.5])],
+)
+def test_returned_values_are_read_as_upstream(returned, n, expected):
+    assert objective_values(returned, [], n) == expected
+
+
+@pytest.mark.parametrize(
+    "returned,n,needle",
+    [("abc", 1, "expected a float"), (0.5, 2, "expected a list of 2 floats"), ([1, 2], 1, "1 hydra.sweeper.direction")],
+)
+def test_unreadable_returned_values_fail_the_trial_with_a_reason(returned, n, needle):
+    with pytest.raises(ValueError, match=needle):
+        objective_values(returned, [], n)
+
+
+def test_a_pruner_needs_a_reported_metric(tmp_path):
+    with pytest.raises(SweepConfigError, match="hydra.sweeper.pruner needs a metric"):
+        make_sweep(tmp_path, None, objective=None, pruner={"_target_": "optuna.pruners.MedianPruner"})
+
+
+def test_the_deprecated_search_space_key(tmp_path):
+    explicit = {"x": {"type": "int", "low": 1, "high": 3}}
+    with pytest.warns(UserWarning, match="`hydra.sweeper.search_space` is deprecated"):
+        sweep, _ = make_sweep(tmp_path / "old", lambda v: {"score": v["x"]}, params=None, search_space=explicit)
+        sweep.run([])
+    assert {t.params["x"] for t in load(tmp_path / "old").trials} <= {1, 2, 3}
+    with pytest.warns(UserWarning, match="Both hydra.sweeper.params and hydra.sweeper.search_space"):
+        sweep, _ = make_sweep(tmp_path / "both", lambda v: {"score": v["x"]}, search_space=explicit, n_trials=2)
+        sweep.run([])
+    assert all(0 <= t.params["x"] <= 1 for t in load(tmp_path / "both").trials)  # params' interval(0, 1)

@@ -13,7 +13,9 @@ from rlexp.sweeping.search_space import (
     distribution_from_dict,
     distribution_from_override,
     format_value,
+    grid_points,
     grid_values,
+    range_values,
 )
 
 
@@ -118,6 +120,19 @@ def test_grid_values_enumerate_discrete_distributions_inclusively():
     assert grid_values("c", Float(0.0, 1.0, step=0.25)) == [0.0, 0.25, 0.5, 0.75, 1.0]
     with pytest.raises(SearchSpaceError, match="d: the grid sampler needs a discrete"):
         grid_values("d", Float(0, 1))
+
+
+@pytest.mark.filterwarnings("ignore:The distribution is specified by")  # Optuna rounds range(0, 5, step=2) to 0..4
+def test_grid_points_of_a_range_exclude_its_stop_as_upstream():
+    params = {"y": "range(-1.0, 1.0, step=1)", "n": "int(interval(1, 3))", "s": "range(0, 5, step=2)"}
+    args = ["f=range(0, 1, 0.1)", "k=range(1, 4)", "k=choice(7, 8)"]  # a later k wins: not a range any more
+    space, _ = build_search_space(params, args)
+    grid = grid_points(space, range_values(params, args))
+    assert grid["y"] == [-1.0, 0.0]  # upstream's test_grid: the grid holds 2 x 2 x 2 = 8 points
+    assert grid["s"] == [0, 2, 4]  # Hydra's range (upstream: [0, 2], Optuna rounds 5 down to 4 first)
+    assert grid["f"] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert grid["n"] == [1, 2, 3]  # an interval is closed (upstream: [1, 2])
+    assert grid["k"] == [7, 8]
 
 
 def test_sampled_values_round_trip_through_the_override_parser():
