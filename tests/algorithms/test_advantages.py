@@ -107,12 +107,16 @@ def test_gpg_rescales_by_the_share_of_informative_samples():
     close(gpg(b), [1, -1, 1, -1, 0, 0, 0, 0])  # α = 8 / 4
 
 
-def test_gpg_alpha_is_capped_like_the_released_code():
-    rewards = [1, 0] + [1, 1] * 20  # 2 informative samples of 42: α would be 21, capped at 1/0.05
+def test_gpg_alpha_is_capped_at_one_over_min_valid_frac():
+    rewards = [1, 0] + [1, 1] * 20  # 2 informative samples of 42: α would be 21
     groups = [g for g in range(21) for _ in range(2)]
-    adv = gpg(make_batch(rewards, groups))
-    close(adv[:2], [10.0, -10.0])
+    b = make_batch(rewards, groups)
+    adv = gpg(b)  # default cap 1 / 0.5 = 2, the bound the released code's resampling gives
+    close(adv[:2], [1.0, -1.0])
     assert adv[2:].abs().max() == 0
+    close(gpg(b, min_valid_frac=0.05)[:2], [10.0, -10.0])  # an older commit's floor
+    with pytest.raises(ValueError, match="gpg.min_valid_frac"):
+        gpg(b, min_valid_frac=0.0)
 
 
 def test_gpg_all_groups_degenerate_gives_zero():

@@ -72,6 +72,78 @@ def test_dynamic_sampling_filters_on_a_named_term():
         dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=1), metric="accuracy")
 
 
+# ---- GPG's resampling: dynamic sampling with min_varied_frac, keep_degenerate, refill=batch -------------------
+
+GPG_STAGE = dict(min_varied_frac=0.5, keep_degenerate=True, refill="batch", max_rounds=18)
+
+
+def test_gpg_resampling_bounds_alpha_by_hand():
+    """AMAP-ML/GPG gpg_trainer.py: whole new batches until the informative groups seen reach 0.5 × the batch's
+    groups, then those groups (first) and the last batch's degenerate groups fill the batch; α = 1 / share."""
+    from rlexp.algorithms.advantages.group import gpg
+
+    batch = make_batch([1, 0, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])  # 1 of 4 groups informative: α = 4
+    torch.testing.assert_close(gpg(batch, min_valid_frac=0.05)[:2], torch.tensor([2.0, -2.0]))  # ±0.5 · 4
+    torch.testing.assert_close(gpg(batch)[:2], torch.tensor([1.0, -1.0]))  # without resampling: α capped at 2
+    round1 = make_batch([1, 1, 0, 0, 1, 1, 0, 0], [4, 4, 5, 5, 6, 6, 7, 7])  # nothing informative: 1 < 2
+    round2 = make_batch([0, 0, 1, 0, 0, 1, 1, 1], [8, 8, 9, 9, 10, 10, 11, 11])  # groups 9, 10: 3 >= 2, stop
+    refill = Refills(round1, round2)
+    out = dynamic_sampling(batch, ctx_with(refill, prompts_per_step=4), **GPG_STAGE)
+    assert refill.asked == [4, 4]  # a whole batch per round
+    assert out.group_ids.tolist() == [0, 0, 9, 9, 10, 10, 8, 8]  # informative first, then round 2's degenerate
+    assert out.stats["dynamic_sampling/varied_frac"] == 0.75 and out.stats["dynamic_sampling/rounds"] == 2
+    # α = 4 groups / 3 informative: group 0's centred rewards ±0.5 become ±2/3 (the release: loss / (3/4))
+    adv = gpg(out)
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -2 / 3, 2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0]))
+
+
+def test_gpg_resampling_stops_at_half_informative_so_alpha_is_at_most_two():
+    from rlexp.algorithms.advantages.group import gpg
+
+    batch = make_batch([1, 1, 0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 2, 2, 3, 3])  # nothing informative
+    round1 = make_batch([1, 0, 0, 0, 0, 1, 1, 1], [4, 4, 5, 5, 6, 6, 7, 7])  # groups 4, 6: exactly 0.5 × 4
+    out = dynamic_sampling(batch, ctx_with(Refills(round1), prompts_per_step=4), **GPG_STAGE)
+    assert out.group_ids.tolist() == [4, 4, 6, 6, 5, 5, 7, 7] and out.stats["dynamic_sampling/varied_frac"] == 0.5
+    torch.testing.assert_close(gpg(out)[:2], torch.tensor([1.0, -1.0]))  # α = 2: ±0.5 · 2
+    # more informative groups than the batch holds: the surplus is dropped and α = 1
+    many = make_batch([1, 0] * 4, [8, 8, 9, 9, 10, 10, 11, 11])
+    out = dynamic_sampling(make_batch([1, 0, 1, 1], [0, 0, 1, 1]), ctx_with(Refills(many), prompts_per_step=2),
+                           **GPG_STAGE)  # fmt: skip
+    assert out.group_ids.tolist() == [0, 0, 1, 1]  # 1 of 2 informative is enough: no refill
+    out = dynamic_sampling(make_batch([1, 1, 1, 1], [0, 0, 1, 1]), ctx_with(Refills(many), prompts_per_step=2),
+                           **GPG_STAGE)  # fmt: skip
+    assert out.group_ids.tolist() == [8, 8, 9, 9] and out.stats["dynamic_sampling/varied_frac"] == 1.0
+
+
+def test_gpg_resampling_rounds_running_out_keeps_a_full_batch_and_the_cap_bounds_alpha():
+    from rlexp.algorithms.advantages.group import gpg
+
+    batch = make_batch([1, 0, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])
+    out = dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=4), **{**GPG_STAGE, "max_rounds": 0})
+    assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and out.stats["dynamic_sampling/varied_frac"] == 0.25
+    torch.testing.assert_close(gpg(out)[:2], torch.tensor([1.0, -1.0]))  # α would be 4; capped at 2 (our choice)
+    with pytest.raises(ValueError, match="min_varied_frac"):
+        dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=4), min_varied_frac=0.0)
+    with pytest.raises(ValueError, match="refill"):
+        dynamic_sampling(batch, ctx_with(Refills(), prompts_per_step=4), refill="all")
+
+
+def test_gpg_config_resamples_as_the_release():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from rlexp.config.paths import CONF_DIR
+
+    cfg = OmegaConf.load(Path(CONF_DIR) / "algorithm" / "gpg.yaml")
+    (stage,) = cfg.group_stages
+    assert stage._target_.endswith("filters.dynamic_sampling")
+    assert (stage.min_varied_frac, stage.keep_degenerate, stage.refill, stage.max_rounds, stage.metric) == (
+        0.5, True, "batch", 18, None,
+    )  # fmt: skip
+    assert cfg.advantage.min_valid_frac == 0.5 and cfg.advantage.scale == "none"
+
+
 def test_overlong_mask_removes_truncated_rows_from_the_loss_only():
     batch = make_batch([1, 0, 1], [0, 0, 0], lengths=[2, 3, 1], truncated=[False, True, False])
     out = overlong_mask(batch)

@@ -39,13 +39,18 @@ def grpo(batch: RolloutBatch, scale: str = "group", eps: float = 1e-6) -> torch.
 
 
 @ADVANTAGES.register
-def gpg(batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_frac: float = 0.05) -> torch.Tensor:
+def gpg(batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_frac: float = 0.5) -> torch.Tensor:
     """GPG ("GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", 2025):
     the group-relative advantage (``scale`` as in :func:`normalize_rewards`) multiplied by
     α = B / M, where M counts the completions in groups with non-zero reward variance — the gradient
-    of the zero-advantage groups is redistributed to the rest. As in the released code, α is capped
-    at 1 / ``min_valid_frac`` (their ``max(1 − invalid_frac, 0.05)``). (verl's ``gpg`` instead counts
-    completions with a non-zero reward.)"""
+    of the zero-advantage groups is redistributed to the rest (the released trainer divides the loss by
+    1/α = min(1, informative groups / groups); AMAP-ML/GPG ``open-r1/src/open_r1/gpg_trainer.py``,
+    ``adjust_gd``). α is capped at 1 / ``min_valid_frac``: the release resamples (the ``dynamic_sampling``
+    stage with ``min_varied_frac``) until 1/α ≥ ``min_inverse_alpha`` (0.5) or raises; the cap is our bound
+    for a step whose resampling rounds ran out. (An older commit capped at 1/0.05; verl's ``gpg`` instead
+    counts completions with a non-zero reward.)"""
+    if not 0.0 < min_valid_frac <= 1.0:
+        raise ValueError(f"advantage gpg.min_valid_frac={min_valid_frac} must be in (0, 1]")
     adv = normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps)
     _, std, count = group_stats(batch.reward, batch.group_ids)
     valid_frac = float(((std > 0) & (count > 1)).float().mean()) if len(batch) else 1.0

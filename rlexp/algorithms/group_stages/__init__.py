@@ -2,7 +2,9 @@
 advantages (listed in ``algorithm.group_stages``; configs bind their settings with ``_partial_``).
 
 * ``dynamic_sampling``  DAPO's dynamic sampling: drop groups whose rewards do not vary, refill
-                         with fresh groups through ``ctx.sample`` (at most ``max_rounds`` rounds).
+                         with fresh groups through ``ctx.sample`` (at most ``max_rounds`` rounds);
+                         with ``min_varied_frac`` and ``keep_degenerate``, GPG's resampling (refill
+                         until that share of the groups varies, keep the degenerate ones).
 * ``overlong_mask``     DAPO's overlong filtering: truncated completions leave the loss.
 * ``overlong_penalty``  DAPO's soft overlong punishment, added as a reward term ``overlong``.
 * ``greedy_baseline``   ReMax's baseline: the reward of one greedy completion per prompt.

@@ -1,4 +1,5 @@
-"""Filters that drop or refill groups and mask rows (DAPO: dynamic sampling, overlong filtering)."""
+"""Filters that drop or refill groups and mask rows (DAPO: dynamic sampling, overlong filtering; GPG's
+resampling is dynamic sampling with a lower bar and the degenerate groups kept)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
     return batch.select(rows)
 
 
+REFILLS = ("missing", "batch")
+
+
 @GROUP_STAGES.register
 def dynamic_sampling(
     batch: RolloutBatch,
@@ -47,36 +51,64 @@ def dynamic_sampling(
     target_groups: int | None = None,
     oversample: float = 1.0,
     tol: float = 1e-8,
+    min_varied_frac: float = 1.0,
+    keep_degenerate: bool = False,
+    refill: str = "missing",
 ) -> RolloutBatch:
-    """DAPO dynamic sampling: keep only groups whose ``metric`` (a reward term name; ``None`` = the
-    total reward) varies, and refill by sampling fresh prompts with ``ctx.sample`` until
-    ``target_groups`` (default ``trainer.prompts_per_step``) groups are kept or ``max_rounds`` refill
-    rounds are spent; surplus groups are dropped (kept in arrival order). Each round asks for
-    ⌈(missing groups)·``oversample``⌉ prompts. If the rounds run out short, the step trains on the
-    groups it has (DAPO's code would raise); if no group varies at all, the original batch is kept
-    (its advantages are 0 — our choice, so the step still runs).
-    Stats: ``dynamic_sampling/{rounds,kept_groups,dropped_groups,sampled_groups}``."""
+    """Dynamic sampling: keep the groups whose ``metric`` (a reward term name; ``None`` = the total reward)
+    varies, and refill by sampling fresh prompts with ``ctx.sample`` until the kept groups reach
+    ``min_varied_frac`` × ``target_groups`` (default ``trainer.prompts_per_step``) or ``max_rounds`` refill
+    rounds are spent. Each round asks for ⌈(target − kept)·``oversample``⌉ prompts (``refill=missing``) or a
+    whole batch of ``target`` prompts (``refill=batch``: verl's DAPO recipe, GPG's trainer). The step then
+    trains on ``target`` groups in arrival order: the varied ones (surplus dropped) and, with
+    ``keep_degenerate``, the zero-variance groups of the last sampled batch after them, up to ``target``.
+
+    * DAPO (``min_varied_frac=1``, ``keep_degenerate=false``): only varied groups, as many as the batch holds.
+      If the rounds run out short, the step trains on the groups it has (DAPO's code would raise).
+    * GPG (``min_varied_frac=0.5``, ``keep_degenerate=true``, ``refill=batch``; AMAP-ML/GPG
+      ``open-r1/src/open_r1/gpg_trainer.py``, ``_generate_and_score_completions``): resample whole batches until
+      at least half the groups seen are informative, then fill the batch with the last batch's degenerate
+      groups; the share of varied groups, 1/α of GPG's rescaling, is then ≥ 0.5.
+
+    If no group varies at all, the original batch is kept (its advantages are 0 — our choice, so the step
+    still runs). Stats: ``dynamic_sampling/{rounds,kept_groups,dropped_groups,sampled_groups,varied_frac}``
+    (``varied_frac``: share of the step's groups whose metric varies)."""
     if max_rounds < 0:
         raise ValueError(f"dynamic_sampling.max_rounds={max_rounds} must be >= 0")
     if oversample < 1.0:
         raise ValueError(f"dynamic_sampling.oversample={oversample} must be >= 1")
+    if not 0.0 < min_varied_frac <= 1.0:
+        raise ValueError(f"dynamic_sampling.min_varied_frac={min_varied_frac} must be in (0, 1]")
+    if refill not in REFILLS:
+        raise ValueError(f"dynamic_sampling.refill={refill!r} is not one of {list(REFILLS)}")
     target = int(target_groups or stage_setting(ctx, "prompts_per_step", batch.num_groups))
     if target < 1:
         raise ValueError(f"dynamic_sampling.target_groups={target} must be >= 1")
+    needed = min_varied_frac * target - 1e-9
     sampled, rounds, refill_reward_s = batch.num_groups, 0, 0.0
-    kept = batch.select(varied_groups(batch, metric, tol))
+    varied = varied_groups(batch, metric, tol)
+    kept = batch.select(varied)
+    last = batch  # the last sampled batch: its degenerate groups fill the step with keep_degenerate
     parts = [kept] if len(kept) else []
     n_kept = kept.num_groups
-    while n_kept < target and rounds < max_rounds:
+    while n_kept < needed and rounds < max_rounds:
         rounds += 1
-        fresh = ctx.sample(math.ceil((target - n_kept) * oversample))
+        n = target if refill == "batch" else math.ceil((target - n_kept) * oversample)
+        fresh = ctx.sample(n)
         refill_reward_s += fresh.stats.pop("time/reward_s", 0.0)
         sampled += fresh.num_groups
         good = fresh.select(varied_groups(fresh, metric, tol))
+        last = fresh
         if len(good):
             parts.append(good)
             n_kept += good.num_groups
+    n_varied = min(n_kept, target)
     if parts:
+        if keep_degenerate and n_kept < target:
+            keep = torch.ones(len(last), dtype=torch.bool)
+            keep[varied_groups(last, metric, tol)] = False
+            if keep.any():
+                parts.append(last.select(keep.nonzero().squeeze(-1)))
         out = _first_groups(RolloutBatch.concat(parts) if len(parts) > 1 else parts[0], target)
     else:
         log.warning(
@@ -84,7 +116,7 @@ def dynamic_sampling(
             metric or "reward",
             rounds,
         )
-        out = batch
+        out, n_varied = batch, 0
     out.stats = dict(batch.stats)
     if refill_reward_s:
         out.stats["time/reward_s"] = out.stats.get("time/reward_s", 0.0) + refill_reward_s
@@ -95,6 +127,7 @@ def dynamic_sampling(
             "dynamic_sampling/kept_groups": float(kept_groups),
             "dynamic_sampling/sampled_groups": float(sampled),
             "dynamic_sampling/dropped_groups": float(sampled - kept_groups),
+            "dynamic_sampling/varied_frac": n_varied / max(out.num_groups, 1),
         }
     )
     return out
