@@ -98,6 +98,12 @@ class Algorithm:
             self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
 
     @property
+    def selects_over_mini_batch(self) -> bool:
+        """The loss picks its tokens over the whole mini-batch (Clip-Cov, KL-Cov with ``scope=mini_batch``): the
+        trainer calls ``loss.select`` once per optimiser step and passes each micro-batch its slice."""
+        return getattr(self.loss, "scope", None) == "mini_batch" and callable(getattr(self.loss, "select", None))
+
+    @property
     def needs_reference(self) -> bool:
         return self.kl.coef > 0 or any(getattr(s, "needs_reference", False) for s in self.group_stages)
 
@@ -109,9 +115,14 @@ class Algorithm:
         mask: torch.Tensor,
         entropy: torch.Tensor | None = None,
         ref_logp: torch.Tensor | None = None,
+        selected: torch.Tensor | None = None,
     ) -> LossOutput:
-        """Per-token loss of one micro-batch (before aggregation) and its per-token statistics."""
-        out = self.loss(logp, old_logp, advantages, mask)
+        """Per-token loss of one micro-batch (before aggregation) and its per-token statistics. ``selected``: this
+        micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``)."""
+        if selected is None:
+            out = self.loss(logp, old_logp, advantages, mask)
+        else:
+            out = self.loss(logp, old_logp, advantages, mask, selected=selected)
         per_token, stats = out.per_token, dict(out.token_stats)
         if self.top_entropy_quantile < 1.0:
             if entropy is None:

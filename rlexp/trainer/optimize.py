@@ -80,7 +80,10 @@ def policy_update(
     k = 1 the whole batch's). With μ·k = 1 and no recorded old log-probs the update is on-policy: the old
     log-probs are the detached current ones (ratio exactly 1); otherwise ``batch.old_logprobs`` (recomputed
     before the update) or the sampler's. With a critic (``algo.critic``), μ critic passes follow on the
-    whole batch. Micro-batches: at most ``micro_batch`` rows and ``micro_batch_tokens`` padded positions."""
+    whole batch. Micro-batches: at most ``micro_batch`` rows and ``micro_batch_tokens`` padded positions. A loss
+    that selects tokens over the whole mini-batch (``algo.selects_over_mini_batch``: Clip-Cov, KL-Cov) gets the
+    current log-probs of the mini-batch before each optimiser step (a no-grad forward; on the first step the
+    recomputed old log-probs, which are the current ones), so its selection does not depend on micro-batching."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
     if steps_per_rollout > 1:
@@ -112,6 +115,17 @@ def policy_update(
             optimizer.zero_grad(set_to_none=True)
             pass_sums: dict[str, torch.Tensor] = {}
             first_step = mismatch is None
+            selected = None  # a loss that picks tokens over the whole mini-batch (Clip-Cov, KL-Cov) picks them here
+            if algo.selects_over_mini_batch:
+                if first_step and part.old_logprobs is not None:
+                    current = part_old  # recomputed from these weights just before the update: the current log-probs
+                else:
+                    current = batch_logprobs(
+                        model, part, micro_batch, temperature, autocast_dtype, share_prompts, micro_batch_tokens
+                    )
+                adv_all = part.advantages
+                adv_all = adv_all[:, None].expand_as(current) if adv_all.dim() == 1 else adv_all
+                selected = algo.loss.select(current, current if on_policy else part_old, adv_all, part_mask)
             for mb in plan:
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(part)
@@ -135,7 +149,8 @@ def policy_update(
                 adv = adv[:, :end] if adv.dim() == 2 else adv
                 lm = part_mask[dev_idx, :end]
                 ref_lp = part.ref_logprobs[dev_idx, :end] if part.ref_logprobs is not None else None
-                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp)
+                sel = selected[dev_idx, :end] if selected is not None else None
+                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel)
                 per_token = out.per_token
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]

@@ -6,7 +6,8 @@ Token statistics (clip indicators, ratios) come back per token so the trainer ca
 the whole batch, independent of micro-batching.
 
 Conventions: no log-ratio clamps anywhere (TRL; verl clamps to ±20, GSPO's sequence log-ratio at 10);
-a loss that needs batch statistics (Clip-Cov, KL-Cov covariances) takes them over the micro-batch
-(verl). Losses: ppo_clip (+ clip-higher, dual clip), gspo, cispo, sapo, clip_cov, kl_cov, gmpo,
-reinforce. See CONVENTIONS.md beside this file.
+a loss that needs batch statistics (Clip-Cov, KL-Cov covariances) takes them over the optimiser step's
+mini-batch through its ``select`` step (``scope=micro_batch``: per micro-batch, as verl). Losses: ppo_clip
+(+ clip-higher, dual clip), gspo, cispo, sapo, ClipCov, KLCov, gmpo, reinforce. See CONVENTIONS.md beside
+this file.
 """
