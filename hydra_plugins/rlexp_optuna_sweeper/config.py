@@ -207,6 +207,8 @@ class RLExpOptunaSweeperConf:
     heartbeat_interval: float = 30.0  # s; a RUNNING trial whose heartbeat is older than grace_period
     grace_period: Optional[float] = None  # (default 4 x heartbeat_interval) is taken as interrupted and retried
     plots: bool = True  # optimisation-history / Pareto / importance PNGs in the sweep dir
+    # trials' checkpoints kept on disk once they finish: best (the best trial's, or the Pareto front's), all, none
+    keep_weights: str = "best"
     # config node that receives the trial identity (<trial_key>.storage/study/number) when the app's
     # config has it with those three keys (rlexp train: `trial`); apps without it get no such override
     # (then jobs cannot report intermediate values, so nothing is pruned)

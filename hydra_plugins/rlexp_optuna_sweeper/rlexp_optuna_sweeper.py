@@ -31,6 +31,7 @@ class RLExpOptunaSweeper(Sweeper):
         plots: bool = True,
         trial_key: str | None = "trial",
         search_space: DictConfig | None = None,
+        keep_weights: str = "best",
     ) -> None:
         self.settings = OmegaConf.create(
             {
@@ -51,6 +52,7 @@ class RLExpOptunaSweeper(Sweeper):
                 "plots": plots,
                 "trial_key": trial_key,
                 "search_space": search_space,
+                "keep_weights": keep_weights,
             }
         )
         self.config: DictConfig | None = None

@@ -31,8 +31,10 @@ class _Task:
 class Bars:
     """Several progress tasks in one live display. ``enabled=False`` shows nothing and logs nothing."""
 
-    def __init__(self, enabled: bool = True, logger: logging.Logger | None = None):
+    def __init__(self, enabled: bool = True, logger: logging.Logger | None = None, live: bool | None = None):
+        """``live=False``: log lines even on a terminal (a caller whose inner work draws its own live bars)."""
         self.enabled, self.log = enabled, logger or log
+        self.force_lines = live is False
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -40,13 +42,13 @@ class Bars:
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
-            disable=not enabled,
+            disable=not enabled or live is False,
         )
         self.tasks: dict[int, _Task] = {}
 
     @property
     def live(self) -> bool:
-        return self.enabled and self.progress.console.is_terminal
+        return self.enabled and not self.force_lines and self.progress.console.is_terminal
 
     def __enter__(self):
         self.progress.__enter__()

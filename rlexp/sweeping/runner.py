@@ -31,8 +31,10 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import Trial, TrialState
 
+from rlexp.core.progress import Bars
 from rlexp.sweeping import trials as tr
 from rlexp.sweeping.objectives import as_list, metric_key, objective_values
+from rlexp.sweeping.retention import KEEP_WEIGHTS, prune_weights
 from rlexp.sweeping.search_space import build_search_space, format_value, grid_points, range_values
 from rlexp.sweeping.settings import (
     GRID,
@@ -81,6 +83,16 @@ def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
     raise SweepConfigError(f"hydra.sweeper.params.{name}: unsupported distribution {dist}")
 
 
+def best_so_far(study: optuna.Study) -> str:
+    """The progress line's note: the best value so far (its trial), or the Pareto front's size."""
+    try:
+        if len(study.directions) > 1:
+            return f"Pareto front: {len(study.best_trials)} trial(s)"
+        return f"best {study.best_value:.4g} (trial {study.best_trial.number})"
+    except ValueError:
+        return "no trial completed yet"
+
+
 def error_text(e: BaseException) -> tuple[str, str]:
     """(one-line error, traceback text) of a job's exception."""
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
@@ -90,6 +102,12 @@ def error_text(e: BaseException) -> tuple[str, str]:
 class OptunaSweep:
     def __init__(self, settings: DictConfig, config: DictConfig, launcher, sequential: bool):
         self.s, self.config, self.launcher = settings, config, launcher
+        if settings.keep_weights not in KEEP_WEIGHTS:
+            raise SweepConfigError(
+                f"hydra.sweeper.keep_weights={settings.keep_weights!r} is not one of {list(KEEP_WEIGHTS)}"
+            )
+        self.bars: Bars | None = None
+        self.bar = None
         self.directions = [str(d) for d in as_list(settings.direction)] or ["minimize"]
         for d in self.directions:
             if d not in ("minimize", "maximize"):
@@ -310,6 +328,12 @@ class OptunaSweep:
     def finish(self, study, heartbeat, trial, ret) -> None:
         heartbeat.discard(trial._trial_id)
         self.state.outcomes.append(self.tell(study, trial, ret))
+        try:  # disk: only the best trial's weights stay (hydra.sweeper.keep_weights)
+            prune_weights(study, self.s.keep_weights)
+        except Exception as e:  # retention is housekeeping: never fail a sweep over it
+            log.warning("could not prune trial checkpoints: %r", e)
+        if self.bars is not None:
+            self.bars.update(self.bar, tr.counted(study.get_trials(deepcopy=False)), info=best_so_far(study))
 
     def run(self, arguments: list[str]) -> dict:
         params = search_space_params(self.s)
@@ -339,6 +363,9 @@ class OptunaSweep:
         done_before = tr.counted(self.storage.get_all_trials(study._study_id, deepcopy=False))
         if done_before:
             log.info("resuming: the study already holds %d trial(s)", done_before)
+        # log lines, never a live display: a trial's own training bar may be live in this process
+        self.bars = Bars(logger=log, live=False)
+        self.bar = self.bars.add(f"sweep {self.study_name}", self.n_trials, completed=done_before, unit=" trials")
         with tr.Heartbeat(self.storage, self.s.heartbeat_interval) as heartbeat:
             try:
                 self._loop(study, heartbeat)

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from rlexp.sweeping.storage import redact
+from rlexp.trainer.checkpoint import human_size
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,9 @@ def write_summary(
             else []
         )
     results["importances"] = dict(zip(names, importances(study, len(names)))) if len(complete) >= 2 else {}
+    from rlexp.sweeping.retention import kept_weights
+
+    results["weights_kept"] = [{"trial": n, "path": str(p), "bytes": b} for n, p, b in kept_weights(study)]
     OmegaConf.save(OmegaConf.create(results), out / "optimization_results.yaml")
     try:
         study.trials_dataframe().to_csv(out / "trials.csv", index=False)
@@ -187,6 +191,13 @@ def markdown(results: dict, trials: list, figures: list[str], storage_url: str) 
             f"job: `{results.get('best_job_dir')}`",
             "",
         ]
+    kept = results.get("weights_kept") or []
+    total = sum(k["bytes"] for k in kept)
+    lines += [
+        f"Weights kept ({human_size(total)} in all): "
+        + (", ".join(f"trial {k['trial']} `{k['path']}` ({human_size(k['bytes'])})" for k in kept) or "none"),
+        "",
+    ]
     if results.get("importances"):
         lines += ["## Parameter importances (fANOVA)", ""]
         for name, imp in results["importances"].items():

@@ -251,3 +251,40 @@ def test_joblib_launcher_keeps_n_jobs_trials_in_flight(tmp_path, sweep):
     overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1 :] if a[0] < b[1] and b[0] < a[1])
     assert overlapping >= 1  # trials ran side by side
     assert all(steps_run(t) == 3 for t in trials)
+
+
+def test_default_retention_keeps_only_the_best_trials_checkpoint(tmp_path, sweep, capfd):
+    """Three trials, each writing its final checkpoint: once the sweep ends, only the best trial's is on disk;
+    the summary names it with its size, and a progress line per trial shows the best so far."""
+    sweep_dir = tmp_path / "keep"
+    sweep(
+        sweep_dir,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(4, 6, 8)",
+        "trainer.temperature=0.5",
+    )
+    trials = study(sweep_dir).trials
+    best = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    kept = [t.number for t in trials if (Path(t.user_attrs["job_dir"]) / "checkpoints" / "last").exists()]
+    assert len(trials) == 3 and kept == [best.number]
+    results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    assert [k.trial for k in results.weights_kept] == [best.number] and results.weights_kept[0].bytes > 10**6
+    assert "Weights kept (" in (sweep_dir / "summary.md").read_text()
+    out = capfd.readouterr()
+    progress = [line for line in (out.out + out.err).splitlines() if "sweep s " in line and " trials " in line]
+    assert "sweep s 3/3 trials" in progress[-1] and f"best 4 (trial {best.number})" in progress[-1]
+
+
+def test_keep_weights_all_keeps_every_trials_checkpoint(tmp_path, sweep):
+    sweep_dir = tmp_path / "all"
+    sweep(
+        sweep_dir,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.keep_weights=all",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(4, 6)",
+    )
+    assert all((Path(t.user_attrs["job_dir"]) / "checkpoints" / "last").exists() for t in study(sweep_dir).trials)
