@@ -59,6 +59,9 @@ class Algorithm:
     # the method's update schedule: optimiser steps per rollout batch, one per mini-batch of whole groups
     # (trainer.steps_per_rollout, when set, overrides it for every method)
     steps_per_rollout: int = 1
+    # completions sampled per prompt where the method fixes it (ReMax: 1, beside its greedy baseline); it then
+    # replaces trainer.num_generations; null: trainer.num_generations
+    num_generations: int | None = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -80,6 +83,8 @@ class Algorithm:
             raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
         if self.needs_reference and self.reference.kind == "none":
             raise ValueError("algorithm.reference.kind=none but the KL term or a group stage needs a reference model")
+        if self.num_generations is not None and self.num_generations < 1:
+            raise ValueError(f"algorithm.num_generations={self.num_generations} must be >= 1 or null")
         if self.steps_per_rollout < 1:
             raise ValueError(f"algorithm.steps_per_rollout={self.steps_per_rollout} must be >= 1")
         if self.top_entropy_normaliser not in ("all", "selected"):

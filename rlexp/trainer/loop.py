@@ -154,6 +154,17 @@ class Trainer:
         # the update schedule: μ epochs × k optimiser steps per rollout (trainer.steps_per_rollout overrides the
         # method's); the old log-probs come from a fresh forward whenever the policy moves within a rollout
         self.steps_per_rollout = settings.steps_per_rollout or algorithm.steps_per_rollout
+        # completions sampled per prompt: the method's where it fixes them (ReMax: one sample beside its greedy
+        # baseline, algorithm.num_generations), else trainer.num_generations
+        self.num_generations = algorithm.num_generations or settings.num_generations
+        if algorithm.num_generations and algorithm.num_generations != settings.num_generations:
+            log.info(
+                "algorithm %s samples %d completion(s) per prompt (algorithm.num_generations; null for "
+                "trainer.num_generations=%d)",
+                algorithm.name,
+                algorithm.num_generations,
+                settings.num_generations,
+            )
         off_policy = settings.num_iterations * self.steps_per_rollout > 1
         recompute = settings.recompute_old_logprobs
         self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
@@ -164,7 +175,7 @@ class Trainer:
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
-        G = self.s.num_generations
+        G = self.num_generations
         prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
         with (
             torch.autocast(

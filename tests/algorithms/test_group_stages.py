@@ -242,3 +242,30 @@ def test_dapo_overlong_weight_matches_dapo_plus_minus_one_scoring():
     pen = soft_overlong_punishment(torch.tensor(lengths), 20, 5)
     dapo_reward = (2 * torch.tensor(acc) - 1) + pen
     torch.testing.assert_close(grpo(b), normalize_rewards(dapo_reward, b.group_ids), rtol=1e-5, atol=1e-6)
+
+
+def test_remax_one_sample_and_one_greedy_completion_per_prompt_by_hand():
+    """ReMax (Algorithm 1): per prompt one sampled completion y and one greedy ȳ, A = r(y) − r(ȳ)."""
+    from rlexp.algorithms.advantages.baselines import remax
+
+    batch = make_batch([1, 0, 1], [0, 1, 2])  # three prompts, one sample each: r(y) = 1, 0, 1
+    rollout = GreedyRollout(["ab", "ab", "ba"])  # r(ȳ) = 1, 1, 0
+    terms = {"a": FirstLetterIsA()}
+    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout=rollout, reward_terms=terms,
+                          settings=None, sample=None, autocast_dtype=None)  # fmt: skip
+    out = greedy_baseline(batch, ctx)
+    assert rollout.calls == [(["p0", "p1", "p2"], 1, True)]
+    assert remax(out).tolist() == [0.0, -1.0, 1.0]
+
+
+def test_remax_config_samples_one_completion_per_prompt(tiny_cfg):
+    from rlexp.runs.training import run
+    from tests.algorithms.varying_reward import VARYING
+
+    fast = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=4"]
+    m = run(tiny_cfg(*VARYING, *fast, "algorithm=remax")).metrics
+    assert m["batch/completions"] == 2.0  # trainer.prompts_per_step = 2 prompts × 1 sample (not × 4)
+    assert m["advantage/mean"] == pytest.approx(m["reward/mean"] - m["remax/greedy_reward_mean"], abs=1e-6)
+    shared = run(tiny_cfg(*VARYING, *fast, "algorithm=remax", "algorithm.num_generations=null", "trainer.resume=false"))
+    shared = shared.metrics
+    assert shared["batch/completions"] == 8.0  # the previous default: G = 4 samples share one greedy baseline
