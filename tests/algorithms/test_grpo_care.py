@@ -152,20 +152,63 @@ def test_stage_errors_name_the_key():
         ConsistencyBonus()(make_batch([1], [0]), SimpleNamespace(reference=None))
 
 
-def test_stage_scores_confidence_with_the_reference_model(tiny_cfg):
-    from rlexp.models.loading import load_model
+def token_ids_batch(tok, acc, prompt, pieces):
+    """A batch whose completions are the given token pieces, as sampled (each piece tokenised on its own, so a
+    completion's ids need not be the canonical tokenisation of its text); right-padded, EOS-free."""
+    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    rows = [[i for piece in row for i in tok(piece, add_special_tokens=False)["input_ids"]] for row in pieces]
+    width = max(len(r) for r in rows)
+    batch = make_batch(acc, [0] * len(rows), completions=["".join(r) for r in pieces], prompts=[prompt] * len(rows))
+    batch.prompt_ids = torch.tensor([p_ids] * len(rows))
+    batch.prompt_mask = torch.ones_like(batch.prompt_ids)
+    batch.completion_ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+    batch.completion_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    batch.sampling_logprobs = torch.zeros(len(rows), width)
+    return batch
 
-    cfg = tiny_cfg("prompt=tag")
-    loaded = load_model(cfg.model, torch.device("cpu"))
-    ref = ReferenceModel(loaded.model, "ema", 0.995, 10)
-    ctx = SimpleNamespace(reference=ref, tokenizer=loaded.tokenizer, answer_format="tag")
-    completions = [
-        "<think>2+2 is 4</think><answer>4</answer>",
-        "<think>2+2 is 4</think><answer>5</answer>",
-        "<think>no answer given</think>",
-        "<think>2+2</think><answer>4</answer>",
+
+def test_confidence_is_scored_on_the_sampled_token_ids_by_hand(tiny):
+    """The released code (grpo_trainer_ref_ema.py) scores exp(mean reference log-prob) of the sampled answer tokens.
+    Row 0 sampled the answer "hello" as two tokens, "hel" + "lo"; re-tokenising its text gives one token "hello",
+    so a text-based score would rate a sequence the policy never produced."""
+    from rlexp.algorithms.group_stages.consistency import answer_token_mask, sampled_answer_confidence
+    from rlexp.core.forward import token_logprobs
+    from rlexp.rewards.likelihood import answer_confidence
+
+    tok, model = tiny.tokenizer, tiny.model
+    pieces = [
+        ["<think>", "hi", "</think>", "<answer>", "hel", "lo", "</answer>"],
+        ["<think>", "hi", "</think>", "<answer>", "hello", "</answer>"],
+        ["<think>", "no answer", "</think>"],
     ]
-    batch = make_batch([1, 0, 0, 1], [0] * 4, completions=completions, prompts=["What is 2+2? "] * 4)
+    batch = token_ids_batch(tok, [1, 1, 0], "Say hello. ", pieces)
+    mask = answer_token_mask(tok, batch.completion_ids, batch.completion_mask, "tag")
+    n = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in ("<think>", "hi", "</think>", "<answer>")]
+    first = sum(n)  # the answer starts after the <think>hi</think><answer> tokens
+    assert mask[0].nonzero().squeeze(-1).tolist() == [first, first + 1]  # "hel", "lo"
+    assert mask[1].nonzero().squeeze(-1).tolist() == [first]  # "hello"
+    assert not mask[2].any()
+    conf = sampled_answer_confidence(model, tok, batch, "tag")
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                               batch.completion_mask, share_prompts=False)  # fmt: skip
+    assert conf[0].item() == pytest.approx(math.exp(float(lp[0, first : first + 2].mean())), rel=1e-5)
+    assert conf[1].item() == pytest.approx(math.exp(float(lp[1, first])), rel=1e-5)
+    assert math.isnan(conf[2])
+    text = answer_confidence(model, tok, batch.prompts, batch.completions, "tag")  # re-tokenised: "hello" in both
+    assert text[0].item() == pytest.approx(text[1].item(), rel=1e-5) and conf[0] != pytest.approx(conf[1])
+
+
+def test_stage_scores_confidence_with_the_reference_model(tiny):
+    ref = ReferenceModel(tiny.model, "ema", 0.995, 10)
+    ctx = SimpleNamespace(reference=ref, tokenizer=tiny.tokenizer, answer_format="tag")
+    pieces = [
+        ["<think>2+2 is 4</think>", "<answer>", "4", "</answer>"],
+        ["<think>2+2 is 4</think>", "<answer>", "5", "</answer>"],
+        ["<think>no answer given</think>"],
+        ["<think>2+2</think>", "<answer>", "4", "</answer>"],
+    ]
+    batch = token_ids_batch(tiny.tokenizer, [1, 0, 0, 1], "What is 2+2? ", pieces)
     out = ConsistencyBonus(confidence_cap=None)(batch, ctx)
     conf = out.extras["care_confidence"]
     assert math.isnan(conf[2]) and all(0 < conf[i] <= 1 for i in (0, 1, 3))

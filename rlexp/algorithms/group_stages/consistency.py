@@ -6,7 +6,9 @@ What the released code does (TencentARC/GRPO-CARE, commit 03c3a7c,
 ``scripts/run_grpo_care_margin0_seed_bench_r1.sh``), restated:
 
 1. Confidence of a sample = exp(mean log-prob of its answer tokens) under the *reference* model,
-   given the prompt and the sample's own reasoning; capped at ``confidence_cap`` (0.95).
+   given the prompt and the sample's own reasoning; capped at ``confidence_cap`` (0.95). The released code
+   runs the reference on the sampled token ids (``prompt_completion_ids``) and takes the tokens after the
+   ``<answer>`` token up to the closing tag (``get_thinking_answer_masks``).
 2. Over the local batch of one device (one prompt × G = 8 completions in the released script, i.e.
    one group), a sample is *accurate* when its accuracy reward is > ``accuracy_floor`` (0.1) and
    ≥ the mean accuracy of that batch.
@@ -19,12 +21,16 @@ What the released code does (TencentARC/GRPO-CARE, commit 03c3a7c,
    every 10 optimiser steps (``rlexp.algorithms.regularisers.reference``, ``algorithm.reference.kind=ema``).
 6. Logged: the mean bonus (``rewards/bonus_rewards``), all-wrong / all-correct group ratios.
 
-Here: ``scope=group`` (default) takes the accuracy mean and the threshold over each group, which
-is what the released script computes (its local batch is one group); ``scope=batch`` takes them over
-the whole step batch. A sample without a parsable answer in the prompt's format has no confidence
-(``answer_confidence`` returns NaN): it gets no bonus and does not enter the threshold. (In the
-released code such a sample's empty answer mask gives confidence exp(0) = 1, capped; it never gets a
-bonus there either, because its accuracy is 0 without an ``<answer>`` tag.)
+Here: the confidence is scored on the sampled token ids too (``sampled_answer_confidence``): the
+reference model runs on the batch's prompt and completion ids, and the answer tokens are the sampled
+tokens whose decoded characters overlap the stated answer (``rewards.answers.answer_span`` of the
+decoded completion, in the prompt's answer format), found by decoding the sampled ids, never by
+re-tokenising the text (which can split the same text into other tokens). ``scope=group`` (default)
+takes the accuracy mean and the threshold over each group, which is what the released script computes
+(its local batch is one group); ``scope=batch`` takes them over the whole step batch. A sample without
+a parsable answer in the prompt's format has no confidence (NaN): it gets no bonus and does not enter
+the threshold. (In the released code such a sample's empty answer mask gives confidence exp(0) = 1,
+capped; it never gets a bonus there either, because its accuracy is 0 without an ``<answer>`` tag.)
 
 The bonus is appended to the batch as a reward column (``name``, weight 1) so it is logged as
 ``reward/<name>/mean`` and summed into ``batch.reward``; per-row values go to ``batch.extras``.
@@ -38,8 +44,9 @@ import torch
 
 from rlexp.algorithms.group_stages.base import append_reward_column
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.forward import token_logprobs
 from rlexp.core.registry import GROUP_STAGES
-from rlexp.rewards.likelihood import answer_confidence
+from rlexp.rewards.answers import answer_span
 
 SCOPES = ("group", "batch")
 
@@ -85,6 +92,64 @@ def care_bonus(
     consistent = measured & (conf >= threshold)
     bonus = torch.where(consistent, coef * acc, torch.zeros_like(acc))
     return {"bonus": bonus, "accurate": accurate, "consistent": consistent, "threshold": threshold, "confidence": conf}
+
+
+def answer_token_mask(
+    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor, answer_format: str = "auto"
+) -> torch.Tensor:
+    """(N, T) bool: the sampled completion tokens that state the answer. Each row's valid ids are decoded
+    (special tokens skipped, as the rollout decodes its texts); the answer span is looked up in that text; a
+    token belongs to the answer when the characters it adds to the decoded prefix overlap the span."""
+    ids_cpu, mask_cpu = completion_ids.cpu(), completion_mask.cpu().bool()
+    out = torch.zeros_like(mask_cpu)
+    for i in range(len(ids_cpu)):
+        positions = mask_cpu[i].nonzero().squeeze(-1).tolist()
+        ids = ids_cpu[i, positions].tolist()
+        span = answer_span(tokenizer.decode(ids, skip_special_tokens=True), answer_format)
+        if span is None or span[1] <= span[0]:
+            continue
+        start = 0
+        for j, pos in enumerate(positions):
+            end = max(start, len(tokenizer.decode(ids[: j + 1], skip_special_tokens=True)))
+            if end > start and end > span[0] and start < span[1]:
+                out[i, pos] = True
+            if end >= span[1]:
+                break
+            start = end
+    return out.to(completion_mask.device)
+
+
+@torch.no_grad()
+def sampled_answer_confidence(
+    model,
+    tokenizer,
+    batch: RolloutBatch,
+    answer_format: str = "auto",
+    batch_size: int = 16,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """(N,) exp(mean log p(answer tokens | prompt, preceding sampled tokens)) under ``model``, on the batch's
+    sampled token ids (temperature 1, as the released code's reference log-probs); NaN where no token states an
+    answer."""
+    answer = answer_token_mask(tokenizer, batch.completion_ids, batch.completion_mask, answer_format)
+    out = torch.full((len(batch),), float("nan"))
+    rows = answer.any(-1).nonzero().squeeze(-1)
+    for k in range(0, len(rows), batch_size):
+        idx = rows[k : k + batch_size]
+        logp, _ = token_logprobs(
+            model,
+            batch.prompt_ids[idx],
+            batch.prompt_mask[idx],
+            batch.completion_ids[idx],
+            batch.completion_mask[idx],
+            1.0,
+            autocast_dtype=autocast_dtype,
+            share_prompts=False,
+        )
+        a = answer[idx].float()
+        mean = (logp.float() * a).sum(-1) / a.sum(-1)
+        out[idx.cpu()] = torch.exp(mean).cpu()
+    return out
 
 
 def _mean(x: torch.Tensor) -> float:
@@ -137,14 +202,19 @@ class ConsistencyBonus:
         self.name, self.batch_size = name, int(batch_size)
 
     def confidence(self, batch: RolloutBatch, ctx) -> torch.Tensor:
-        """(N,) reference likelihood of each stated answer given its reasoning (NaN: no answer)."""
+        """(N,) reference likelihood of each stated answer given its reasoning, on the sampled token ids (NaN: no
+        answer)."""
         if ctx.reference is None or ctx.reference.model is None:
             raise RuntimeError(
                 "ConsistencyBonus needs a reference model: set algorithm.reference.kind to ema or frozen"
             )
-        model = ctx.reference.model
-        return answer_confidence(
-            model, ctx.tokenizer, batch.prompts, batch.completions, ctx.answer_format, batch_size=self.batch_size
+        return sampled_answer_confidence(
+            ctx.reference.model,
+            ctx.tokenizer,
+            batch,
+            ctx.answer_format,
+            batch_size=self.batch_size,
+            autocast_dtype=getattr(ctx, "autocast_dtype", None),
         )
 
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
