@@ -102,7 +102,7 @@ def error_text(e: BaseException) -> tuple[str, str]:
 class OptunaSweep:
     def __init__(self, settings: DictConfig, config: DictConfig, launcher, sequential: bool):
         self.s, self.config, self.launcher = settings, config, launcher
-        if settings.keep_weights not in KEEP_WEIGHTS:
+        if settings.get("keep_weights", "best") not in KEEP_WEIGHTS:
             raise SweepConfigError(
                 f"hydra.sweeper.keep_weights={settings.keep_weights!r} is not one of {list(KEEP_WEIGHTS)}"
             )
@@ -329,7 +329,7 @@ class OptunaSweep:
         heartbeat.discard(trial._trial_id)
         self.state.outcomes.append(self.tell(study, trial, ret))
         try:  # disk: only the best trial's weights stay (hydra.sweeper.keep_weights)
-            prune_weights(study, self.s.keep_weights)
+            prune_weights(study, self.s.get("keep_weights", "best"))
         except Exception as e:  # retention is housekeeping: never fail a sweep over it
             log.warning("could not prune trial checkpoints: %r", e)
         if self.bars is not None:
