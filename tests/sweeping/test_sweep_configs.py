@@ -30,7 +30,7 @@ def compose_sweep(name: str, *overrides: str):
 
 
 def test_the_four_documented_sweeps_exist():
-    assert SWEEPS == ["accuracy_vs_length", "g_vs_prompts", "grpo_lambda_threshold", "grpo_lr_clip"]
+    assert SWEEPS == ["accuracy_vs_length", "g_vs_prompts", "grpo_lambda_share", "grpo_lr_clip"]
 
 
 @pytest.mark.parametrize("name", SWEEPS)
