@@ -278,3 +278,10 @@ def test_prompt_check_catches_trl_seeing_other_prompts(tmp_path, monkeypatch):
     assert report["checks"]["same_prompt_tokens_every_step"] is False
     assert report["checks"]["same_eos_ids"] is True
     assert (tmp_path / "out" / "tiny-cpu.md").exists()
+
+
+def test_default_output_is_the_bench_run_dir_not_the_committed_results(tmp_path):
+    """``rlexp bench`` writes into its own run directory unless ``bench.out_dir`` names another folder, so a bench
+    run never overwrites ``results/bench``."""
+    cfg = compose_train([], tmp_path / "bench-run", config_name="bench")
+    assert cfg.bench.out_dir == str(tmp_path / "bench-run")
