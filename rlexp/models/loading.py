@@ -87,23 +87,26 @@ def convert_gguf_once(
 
 
 def _convert(src: Path, target: Path) -> None:
-    """The dequantised GGUF as a ``save_pretrained`` checkpoint (and its tokenizer) in ``target``; its four
-    phases (tokenizer, dequantise, rebuild, save) on a progress bar (transformers shows the per-tensor one)."""
-    from rlexp.core.progress import Bars
+    """The dequantised GGUF as a ``save_pretrained`` checkpoint (and its tokenizer) in ``target``. Its phases
+    are logged with their elapsed time; transformers draws the per-tensor dequantisation bar with its ETA."""
+    import time
 
-    with Bars(logger=log) as bars:
-        task = bars.add(f"convert {src.name}", 4, unit=" phases")
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-        bars.update(task, 1, info="tokenizer read; dequantising")
-        dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
-        bars.update(task, 2, info="dequantised; rebuilding")
-        clean = _rebuild(dequant)
-        bars.update(task, 3, info="rebuilt; saving")
-        clean.save_pretrained(target)
-        tok.save_pretrained(target)
-        if dequant.generation_config is not None:
-            dequant.generation_config.save_pretrained(target)
-        bars.update(task, 4, info=f"saved to {target}")
+    t0 = time.perf_counter()
+
+    def phase(n: int, what: str) -> None:
+        log.info("convert %s: %d/4 %s (%.0f s)", src.name, n, what, time.perf_counter() - t0)
+
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    phase(1, "tokenizer read; dequantising the weights")
+    dequant = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    phase(2, "dequantised; rebuilding a saveable model")
+    clean = _rebuild(dequant)
+    phase(3, "rebuilt; saving")
+    clean.save_pretrained(target)
+    tok.save_pretrained(target)
+    if dequant.generation_config is not None:
+        dequant.generation_config.save_pretrained(target)
+    phase(4, f"saved to {target}")
 
 
 def _rebuild(dequant):
