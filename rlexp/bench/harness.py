@@ -83,6 +83,12 @@ def check_comparable(cfg: DictConfig, t: DictConfig) -> None:
             "must be 1",
         ),
         (a.get("critic") is None, "algorithm.critic", a.get("critic"), "must be null"),
+        (
+            a.get("num_generations") is None,
+            "algorithm.num_generations",
+            a.get("num_generations"),
+            "must be null (both trainers take G from trainer.num_generations)",
+        ),
         (str(a.advantage._target_).endswith(".grpo"), "algorithm.advantage", a.advantage._target_, "must be grpo"),
         (
             str(a.loss._target_).endswith(".ppo_clip") and a.loss.get("dual_clip") is None,

@@ -242,6 +242,7 @@ def test_settings_compose_and_are_comparable(tmp_path, setting, shape):
         ("algorithm=dr_grpo", "algorithm.aggregation"),
         ("trainer.num_iterations=2", "trainer.num_iterations"),
         ("trainer.micro_batch_size=3", "trainer.micro_batch_size"),
+        ("+algorithm.num_generations=1", "algorithm.num_generations"),
     ],
 )
 def test_incomparable_settings_are_refused(tmp_path, override, key):
