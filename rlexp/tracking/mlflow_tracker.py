@@ -71,6 +71,32 @@ def is_permanent(exc: BaseException) -> bool:
     return code in PERMANENT_ERRORS
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def open_client(uri: str):
+    """An ``MlflowClient`` whose store is ready. A SQLite store is created and migrated by the first client that
+    opens it; runs starting at once on a fresh file would each migrate it and leave it half-migrated, so the first
+    open happens under a file lock beside the database (``<db>.lock``), and the others find it migrated."""
+    from mlflow import MlflowClient
+
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    from filelock import FileLock
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{db}.lock"):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # builds the store (creates / migrates the schema) now
+    return client
+
+
 def experiment_id(client, name: str, artifact_location: str | None = None) -> str:
     """The id of experiment ``name``, created (with ``artifact_location``) if missing. A local
     ``artifact_location`` applies to a local store only; on a tracking server the server's own
@@ -181,11 +207,9 @@ class MLflowTracker(Tracker):
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if self.tracking_uri.startswith(("http://", "https://")):
             bound_http_waits(self.request_timeout, self.max_retries)
-        from mlflow import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.run_dir = tags.get("run_dir")
         if resume_id:  # the run exists: nothing to wait for, marking it RUNNING again is queued like the rest
+            self.client = open_client(self.tracking_uri)
             self.run_id = resume_id
             self._submit("resume")
             self._start_worker()
@@ -193,6 +217,7 @@ class MLflowTracker(Tracker):
         deadline, wait, last_error = time.monotonic() + self.start_timeout, self.retry_interval, None
         while True:
             try:  # one request creates the run (with its tags); the params follow through the queue
+                self.client = self.client or open_client(self.tracking_uri)
                 exp_id = self.experiment_id = experiment_id(self.client, self.experiment, self.artifact_location)
                 self.run_id = self.client.create_run(
                     exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
