@@ -5,6 +5,7 @@ Optuna sweeper reads its objective from them). The command is ``rlexp train`` (`
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -52,10 +53,6 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
 
 def run(cfg: DictConfig, callbacks: list | None = None):
     """Build everything from a composed config and train. Returns ``TrainResult``."""
-    from rlexp.models.loading import load_model
-    from rlexp.tracking.provenance import finish_provenance, run_tags
-    from rlexp.trainer.loop import Trainer
-
     validate(cfg)
     from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
 
@@ -63,6 +60,39 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     t = cfg.trainer
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
+    with hold_run_dir(run_dir):
+        return _run(cfg, t, device, run_dir, callbacks)
+
+
+@contextmanager
+def hold_run_dir(run_dir: Path):
+    """An exclusive lock on ``<run dir>/.run.lock`` for the whole run: a second process started on the same run
+    directory stops at once, before it writes anything, instead of logging the same steps twice. The operating
+    system drops the lock when the holder dies, so a killed run resumes."""
+    from filelock import FileLock, Timeout
+
+    from rlexp.config.schema import ConfigError
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_dir / ".run.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConfigError(
+            f"trainer.run_dir={run_dir}: another process is training in this run directory; wait for it to end "
+            "(it resumes from here after a kill) or start in a new directory"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
+    from rlexp.models.loading import load_model
+    from rlexp.tracking.provenance import finish_provenance, run_tags
+    from rlexp.trainer.loop import Trainer
+
     prov = write_provenance(cfg, run_dir)
     link_latest(run_dir)
     data = build(cfg.dataset, "dataset")

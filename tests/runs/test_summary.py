@@ -76,3 +76,35 @@ def test_compare_skips_eval_runs_and_links(tmp_path, monkeypatch):
     paths = compare_main(["--runs", "outputs/", "--metrics", "accuracy"])
     assert str(paths["markdown"]).startswith("outputs/compare/")
     assert "| 1 |" in paths["markdown"].read_text()
+
+
+def test_a_second_process_on_a_busy_run_dir_stops_before_writing(tiny_cfg, tmp_path):
+    """Issue 16: two processes on one run directory logged the same steps twice; now the second stops at once, with
+    one line naming the directory, and writes nothing there."""
+    import subprocess
+    import sys
+
+    from rlexp.config.schema import ConfigError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from filelock import FileLock; l = FileLock(sys.argv[1]); l.acquire(); print('held', "
+            "flush=True); sys.stdin.read()",
+            str(run_dir / ".run.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="another process is training in this run directory"):
+            run(tiny_cfg())
+        assert sorted(p.name for p in run_dir.iterdir()) == [".run.lock"]
+    finally:
+        holder.communicate("", timeout=30)
+    assert run(tiny_cfg()).last_step == 2  # the holder gone, the run goes ahead
