@@ -128,9 +128,3 @@ class FunctionReward(RewardTerm):
         kwargs.update({k: [s.record.get(k) for s in samples] for k in keys})
         kwargs.update({new: [s.record.get(old) for s in samples] for new, old in self.columns.items()})
         return {**kwargs, **self.kwargs}
-
-
-def as_reward_term(target: Callable, options: dict) -> RewardTerm:
-    """``FunctionReward`` around a plain function named as a reward term's ``_target_`` (its other keys:
-    ``weight`` and ``FunctionReward``'s options)."""
-    return FunctionReward(target, **options)

@@ -91,13 +91,13 @@ def build_reward_term(node, key: str):
             f"{key}._target_={node._target_!r} cannot be imported ({e}); a module in the working directory is "
             "importable when rlexp runs from that directory"
         ) from e
-    if isinstance(target, type) or not callable(target) or not inspect.isfunction(inspect.unwrap(target)):
+    if not inspect.isfunction(inspect.unwrap(target)):  # a RewardTerm class (or factory): Hydra builds it
         return build(node, key)
-    from rlexp.rewards.functions import as_reward_term
+    from rlexp.rewards.functions import FunctionReward
 
     options = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
     try:
-        return as_reward_term(target, options)
+        return FunctionReward(target, **options)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{key}: {e}") from e
 

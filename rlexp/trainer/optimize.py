@@ -123,9 +123,8 @@ def policy_update(
                     current = batch_logprobs(
                         model, part, micro_batch, temperature, autocast_dtype, share_prompts, micro_batch_tokens
                     )
-                adv_all = part.advantages
-                adv_all = adv_all[:, None].expand_as(current) if adv_all.dim() == 1 else adv_all
-                selected = algo.loss.select(current, current if on_policy else part_old, adv_all, part_mask)
+                old_all = current if on_policy else part_old
+                selected = algo.loss.select(current, old_all, part.advantages, part_mask)
             for mb in plan:
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(part)
