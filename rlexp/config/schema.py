@@ -38,12 +38,19 @@ class TrainerConfig:
     warmup_steps: int = 0
     eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
     checkpoint_every: int = 10
-    # checkpoints kept in <run_dir>/checkpoints: the newest N (`last`, then `step-<N>`); 0 keeps one while the
-    # run trains (a killed run resumes) and deletes it when the run finishes
+    # checkpoints kept in <run_dir>/checkpoints once the run finishes: the newest N (`last`, then `step-<N>`);
+    # 0: none (while the run trains one is kept, so a killed run resumes)
     keep_checkpoints: int = 1
+    # while the run trains, keep the checkpoint before the newest too: a resume falls back to it when the newest
+    # fails verification (truncated, altered); dropped when the run finishes (one checkpoint more on disk meanwhile)
+    fallback_checkpoint: bool = True
     save_optimizer: bool = True  # AdamW's moments in checkpoints (~2/3 of the size; needed to resume exactly)
     seed: int = 0
-    resume: bool = True  # continue from <run_dir>/checkpoints if present
+    # continue from <run_dir>/checkpoints if present; false in a directory that holds a run is refused
+    resume: bool = True
+    # SIGTERM/SIGINT: the current step may finish within this many seconds, then the run checkpoints and stops
+    # (KILLED, resumable); past it, or on a second signal, it stops at once (null: wait for the step)
+    stop_grace_s: Optional[float] = 20.0
     run_dir: str = "${hydra:runtime.output_dir}"
     progress: bool = True
     device: str = "auto"  # auto | cpu | cuda | cuda:N

@@ -18,7 +18,6 @@ from rlexp.runs.setup import (
     build_trackers,
     link_latest,
     prepare_process,
-    write_provenance,
 )
 from rlexp.tracking.params import flatten
 
@@ -89,12 +88,43 @@ def hold_run_dir(run_dir: Path):
 
 
 def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
+    """Build and train. A fresh run writes its files (config.yaml, provenance.json, run.json) at once; a resume
+    only after its checkpoint has loaded, so a failed resume leaves the run directory as it was. Whatever
+    fails before training marks the written provenance FAILED."""
+    from rlexp.runs.identity import claim_identity
+    from rlexp.tracking.provenance import collect_provenance, finish_provenance, run_tags, save_provenance
+    from rlexp.trainer.checkpoint import find_checkpoint
+
+    identity = claim_identity(run_dir, t.resume)
+    prov = {**collect_provenance(cfg, run_dir), "run_uid": identity.uid}
+    resuming = t.resume and find_checkpoint(run_dir / "checkpoints") is not None
+    written = False
+    if not resuming:
+        save_provenance(cfg, run_dir, prov)
+        identity.save(run_dir)
+        written = True
+    trainer, tracker = None, None
+    try:
+        trainer, tracker = _build(cfg, t, device, run_dir, callbacks, run_tags(cfg, prov, run_dir), identity)
+        if resuming:
+            trainer.restore()
+            save_provenance(cfg, run_dir, prov)
+            identity.save(run_dir)
+            written = True
+        link_latest(run_dir)
+        return trainer.train()
+    finally:
+        if trainer is None or trainer.finished is None:  # it failed before training: its status is FAILED
+            if written:
+                finish_provenance(run_dir, "FAILED")
+        else:
+            report(run_dir, trainer.finished, tracker)
+
+
+def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity):
     from rlexp.models.loading import load_model
-    from rlexp.tracking.provenance import finish_provenance, run_tags
     from rlexp.trainer.loop import Trainer
 
-    prov = write_provenance(cfg, run_dir)
-    link_latest(run_dir)
     data = build(cfg.dataset, "dataset")
     prompt_format = build(cfg.prompt, "prompt")
     reward_terms = {name: build_reward_term(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
@@ -110,7 +140,6 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
 
     consistency = meter_from_config(cfg.consistency) if "consistency" in cfg else None
     container = OmegaConf.to_container(cfg, resolve=True)
-    tags = run_tags(cfg, prov, run_dir)
     trainer = Trainer(
         settings=t,
         model=loaded.model,
@@ -128,27 +157,18 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
         run_name=cfg.run_name or run_dir.name,
         config=container,
         params=flatten(container),
-        tags=tags,
+        tags={**tags, **identity.tags()},
         accuracy_term=t.accuracy_term,
         evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency),
         callbacks=callbacks,
         consistency=consistency,
         sampler=sampler,
+        continue_tracker_runs=identity.continues,
     )
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)
             cb.bind(trainer)
-    status = "FAILED"
-    try:
-        result = trainer.train()
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        finish_provenance(run_dir, status)
-        report(run_dir, status, tracker)
-    return result
+    return trainer, tracker
 
 
 def report(run_dir: Path, status: str, tracker) -> None:

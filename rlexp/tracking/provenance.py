@@ -143,27 +143,28 @@ def benchmark_name(cfg) -> str:
 def write_provenance(cfg, run_dir: Path, code_dir: str | None = None) -> dict:
     """Write ``config.yaml``, ``overrides.yaml`` and ``provenance.json`` into ``run_dir``; return the
     provenance dict. A resumed run (``provenance.json`` exists) keeps its first ``start_time``."""
-    from omegaconf import OmegaConf
+    prov = collect_provenance(cfg, run_dir, code_dir)
+    save_provenance(cfg, run_dir, prov)
+    return prov
 
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    overrides = hydra_overrides()
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+
+def collect_provenance(cfg, run_dir: Path, code_dir: str | None = None) -> dict:
+    """The provenance of this start, merged with the run directory's (its first ``start_time``, every
+    ``resumed_at``); nothing is written (``save_provenance`` does, once a resume has succeeded)."""
     code_dir = code_dir or str(Path(__file__).resolve().parents[1])
     prov = {
         "git": git_state(code_dir),
         "packages": package_versions(),
         "hardware": hardware(),
         "seed": int(cfg.trainer.seed),
-        "overrides": overrides,
+        "overrides": hydra_overrides(),
         "command": " ".join(sys.argv),
         "sweep": sweep_info(),
         "start_time": now_iso(),
         "end_time": None,
         "status": "RUNNING",
     }
-    path = run_dir / "provenance.json"
+    path = Path(run_dir) / "provenance.json"
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -171,8 +172,18 @@ def write_provenance(cfg, run_dir: Path, code_dir: str | None = None) -> dict:
             prov["resumed_at"] = [*old.get("resumed_at", []), now_iso()]
         except (json.JSONDecodeError, AttributeError):
             pass
-    path.write_text(json.dumps(prov, indent=2))
     return prov
+
+
+def save_provenance(cfg, run_dir: Path, prov: dict) -> None:
+    """``config.yaml``, ``overrides.yaml`` and ``provenance.json`` of ``prov`` into ``run_dir``."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(prov["overrides"])))
+    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
 
 
 def finish_provenance(run_dir: Path, status: str) -> dict:

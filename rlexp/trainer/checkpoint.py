@@ -2,16 +2,27 @@
 tracker run ids — everything a killed run needs to continue. Written to a temporary directory and
 renamed into place, so a kill during a save leaves the previous checkpoint intact.
 
+Verified on write: every file is read back and checked (the safetensors header against the file's length,
+the CRC of every member of ``state.pt``) and its size and sha256 go into ``manifest.json``; a resume checks
+them again and falls back to the next older checkpoint when one does not hold (``restore_checkpoint``).
+
 Retention: the newest checkpoint is ``checkpoints/last``; with ``keep > 1`` the ones before it stay as
 ``checkpoints/step-<N>`` (the oldest go first). ``optimizer_state=False`` leaves AdamW's moments out (about
-two thirds of a full checkpoint): such a checkpoint still resumes, with fresh optimiser moments."""
+two thirds of a full checkpoint): such a checkpoint still resumes, with fresh optimiser moments.
+
+A save that fails (no space left on device, …) removes its temporary directory and leaves the previous
+checkpoints as they were."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import random
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +30,12 @@ import torch
 
 LAST = "last"
 STEP_PREFIX = "step-"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the one-line message names the path and what to do."""
+
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +57,11 @@ def human_size(n: int) -> str:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    meta = Path(path) / "trainer.json"
-    return json.loads(meta.read_text())["step"] if meta.exists() else None
+    """The step of the checkpoint at ``path``; None when its ``trainer.json`` is missing or unreadable."""
+    try:
+        return int(json.loads((Path(path) / "trainer.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def kept_checkpoints(root: Path) -> list[Path]:
@@ -84,23 +104,36 @@ def save_checkpoint(
     """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one)."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "model")
-    torch.save(
-        {
-            "optimizer": optimizer.state_dict() if optimizer_state else None,
-            "scheduler": scheduler.state_dict() if scheduler else None,
-            "rng": rng_state(),
-            "reference": reference.state_dict() if reference else None,
-            "critic": critic.state_dict() if critic is not None else None,
-        },
-        tmp / "state.pt",
-    )
-    (tmp / "trainer.json").write_text(
-        json.dumps({"step": step, "sampler": sampler.state_dict(), "tracker_ids": tracker_ids, **(extra or {})})
-    )
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp / "model")
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict() if optimizer_state else None,
+                "scheduler": scheduler.state_dict() if scheduler else None,
+                "rng": rng_state(),
+                "reference": reference.state_dict() if reference else None,
+                "critic": critic.state_dict() if critic is not None else None,
+            },
+            tmp / "state.pt",
+        )
+        (tmp / "trainer.json").write_text(
+            json.dumps({"step": step, "sampler": sampler.state_dict(), "tracker_ids": tracker_ids, **(extra or {})})
+        )
+        write_manifest(tmp)
+    except BaseException as e:  # a failed or interrupted save leaves no temporary directory behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            size = max((dir_size(p) for p in kept_checkpoints(root)), default=0)
+            need = f" (a checkpoint here takes {human_size(size)})" if size else ""
+            raise CheckpointError(
+                f"checkpoint of step {step}: no space left on device in {root}{need}; the temporary checkpoint was "
+                "removed and the previous one is intact: free space (or set trainer.save_optimizer=false) and rerun "
+                "in the same directory to resume"
+            ) from e
+        raise
     final = root / LAST
     old = root / ".old"
     if final.exists():
@@ -120,12 +153,125 @@ def save_checkpoint(
 
 
 def find_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint (``last``, or ``.old`` when a kill fell between the two renames of a
+    save, or the newest ``step-<N>``); None when there is none."""
+    found = candidates(root)
+    return found[0] if found else None
+
+
+def candidates(root: Path) -> list[Path]:
+    """Every complete checkpoint under ``root`` in the order a resume tries them: newest first."""
     root = Path(root)
-    for name in (LAST, ".old"):  # .old survives a kill between the two renames
-        p = root / name
-        if (p / "trainer.json").exists():
-            return p
-    return None
+    paths = [root / LAST, root / ".old"] + sorted(
+        root.glob(f"{STEP_PREFIX}*"), key=lambda p: checkpoint_step(p) or -1, reverse=True
+    )
+    return [p for p in paths if (p / "trainer.json").exists()]
+
+
+# ---- verification -------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_file(path: Path) -> None:
+    """Raise ``ValueError`` when a checkpoint file is not whole: a safetensors file shorter or longer than its
+    header says, a zip (``torch.save``) member whose CRC fails."""
+    if path.suffix == ".safetensors":
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("truncated (no header)")
+            (n,) = struct.unpack("<Q", head)
+            raw = f.read(n)
+        if len(raw) < n:
+            raise ValueError("truncated inside its header")
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not a safetensors header")
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if path.stat().st_size != 8 + n + end:
+            raise ValueError(f"{path.stat().st_size} bytes where the header says {8 + n + end}")
+    elif path.suffix in (".pt", ".bin"):  # torch.save writes a zip archive (since torch 1.6)
+        if not zipfile.is_zipfile(path):
+            raise ValueError("not a whole torch.save archive (its zip directory is missing)")
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise ValueError(f"member {bad} fails its CRC")
+
+
+def write_manifest(path: Path) -> None:
+    """Check every file of the checkpoint at ``path`` as written and record its size and sha256."""
+    files = {}
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file() and p.name != MANIFEST):
+        try:
+            check_file(f)
+        except (ValueError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+            raise CheckpointError(f"checkpoint {path}: {f.relative_to(path)} was not written whole ({e})") from e
+        files[str(f.relative_to(path))] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    (Path(path) / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify(path: Path) -> None:
+    """Raise ``CheckpointError`` naming the first file of the checkpoint at ``path`` that is missing, of another
+    size or another sha256 than its manifest records. A checkpoint written before manifests: checked whole."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        for f in path.rglob("*"):
+            if f.is_file():
+                try:
+                    check_file(f)
+                except (ValueError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+                    raise CheckpointError(f"{f}: {e}") from e
+        return
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest}: unreadable ({e})") from e
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing")
+        if f.stat().st_size != want["bytes"]:
+            raise CheckpointError(f"{f}: {f.stat().st_size} bytes, {want['bytes']} written")
+        if _sha256(f) != want["sha256"]:
+            raise CheckpointError(f"{f}: contents changed since written (sha256)")
+
+
+def restore_checkpoint(root: Path, **parts) -> tuple[Path, dict] | None:
+    """Load the newest checkpoint under ``root`` that verifies and loads (see ``load_checkpoint`` for
+    ``parts``), falling back to older ones with a warning; None when ``root`` holds none. Raises
+    ``CheckpointError`` naming every checkpoint tried when none can be used."""
+    tried = []
+    for path in candidates(root):
+        try:
+            verify(path)
+            return path, load_checkpoint(path, **parts)
+        except Exception as e:  # a corrupt file fails in safetensors, torch.load, json or load_state_dict
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            tried.append(f"{path.name} ({reason})")
+            log.warning("checkpoint %s cannot be used (%s); trying the one before it", path, reason)
+    if not tried:
+        return None
+    raise CheckpointError(
+        f"no usable checkpoint in {root}: {'; '.join(tried)}. Restore the run directory from a copy, or train in a "
+        "new one (hydra.run.dir=<dir>); the steps logged here stay as they are"
+    )
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the ``keep`` newest checkpoints under ``root`` (0: remove the folder)."""
+    root = Path(root)
+    if keep <= 0:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for stale in kept_checkpoints(root)[keep:]:
+        shutil.rmtree(stale)
 
 
 def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None) -> dict:

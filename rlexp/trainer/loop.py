@@ -109,7 +109,10 @@ class Trainer:
         callbacks: list | None = None,
         consistency=None,
         sampler=None,
+        continue_tracker_runs: bool = True,
     ):
+        from rlexp.trainer.stopping import GracefulStop
+
         self.s = settings
         self.model, self.tok, self.algo = model, tokenizer, algorithm
         self.reward_terms, self.rollout, self.data, self.prompt_format = reward_terms, rollout, data, prompt_format
@@ -131,6 +134,12 @@ class Trainer:
         if consistency is not None:
             consistency.bind(model, self.reference)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        # whether a start continues the tracker runs saved in the run directory (rlexp.runs.identity: not for a
+        # fresh run or a copied directory)
+        self.continue_tracker_runs = continue_tracker_runs
+        self._restored = None  # (step, tracker ids, resumed) once restore() ran
+        self.stopper = GracefulStop(None)  # replaced by the active one while train() runs
+        self.finished: str | None = None  # the final status once finish() ran
         self.autocast_dtype = resolve_autocast(settings.autocast, next(model.parameters()))
         device_type = next(model.parameters()).device.type
         self.share_prompts = (
@@ -317,12 +326,17 @@ class Trainer:
         return batch, metrics
 
     # ---- the loop -----------------------------------------------------------------------------
-    def train(self) -> TrainResult:
+    def restore(self) -> int:
+        """Load the newest usable checkpoint of the run directory (``trainer.resume``), falling back to an older
+        one when it does not verify (``checkpoint.restore_checkpoint``); the step to continue after (0: none).
+        Called by ``train``, or before it by an app that writes the run's files only once a resume succeeded."""
+        if self._restored is not None:
+            return self._restored[0]
         start_step, tracker_ids = 0, None
-        found = ckpt.find_checkpoint(self.ckpt_dir) if self.s.resume else None
-        if found is not None:
-            meta = ckpt.load_checkpoint(
-                found,
+        found = None
+        if self.s.resume:
+            found = ckpt.restore_checkpoint(
+                self.ckpt_dir,
                 model=self.model,
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
@@ -330,39 +344,70 @@ class Trainer:
                 reference=self.reference,
                 critic=self.algo.critic,
             )
+        if found is not None:
+            path, meta = found
             start_step, tracker_ids = meta["step"], meta.get("tracker_ids")
-            log.info("Resuming from %s at step %d", found, start_step)
+            log.info("Resuming from %s at step %d", path, start_step)
         elif self.s.resume and self.jsonl.path.exists() and self.jsonl.last_step() > 0:
-            raise RuntimeError(
-                f"{self.run_dir} already holds logged steps but no checkpoint to resume from; use a new run directory"
+            raise ckpt.CheckpointError(
+                f"{self.run_dir} already holds logged steps but no checkpoint to resume from; train in a new run "
+                "directory (hydra.run.dir=<dir>)"
             )
-        # an id missing from the checkpoint (tracker unreachable then) may since have been filled in
-        # tracker_ids.json by `rlexp replay`
-        saved = self._saved_tracker_ids()
-        if isinstance(tracker_ids, dict) and isinstance(saved, dict):
-            tracker_ids = {**saved, **{k: v for k, v in tracker_ids.items() if v}}
-        tracker_ids = tracker_ids or saved
+        self._restored = (start_step, tracker_ids, found is not None)
+        return start_step
+
+    def train(self) -> TrainResult:
+        from rlexp.trainer.stopping import GracefulStop
+
+        with GracefulStop(self.s.stop_grace_s) as self.stopper:
+            return self._train()
+
+    def _train(self) -> TrainResult:
+        self.restore()
+        start_step, tracker_ids, resumed = self._restored
+        if self.continue_tracker_runs:
+            # an id missing from the checkpoint (tracker unreachable then) may since have been filled in
+            # tracker_ids.json by `rlexp replay`
+            saved = self._saved_tracker_ids()
+            if isinstance(tracker_ids, dict) and isinstance(saved, dict):
+                tracker_ids = {**saved, **{k: v for k, v in tracker_ids.items() if v}}
+            tracker_ids = tracker_ids or saved
+        else:  # a fresh run, or a copy of a run: new tracker runs (rlexp.runs.identity)
+            tracker_ids = None
         ids = self.tracker.start(self.run_name, self.config, self.params, self.tags, tracker_ids)
         self._save_tracker_ids(ids)
         if not tracker_ids:
             self._log_config_artifacts()
         self.jsonl.start(self.run_name, self.config, self.params, self.tags)
         last_logged = self.jsonl.last_step()
-        if found is not None and last_logged > 0:  # steps logged to the JSONL but not to a tracker before a kill
+        if resumed and last_logged > 0:  # steps logged to the JSONL but not to a tracker (a kill; a copied run)
             from rlexp.tracking.base import read_jsonl
 
             self.tracker.backfill(read_jsonl(self.jsonl.path))
-        result = TrainResult(start_step)
         status = "FAILED"
         try:
             result = self._loop(start_step, last_logged, ids)
             status = "FINISHED"
             return result
-        except KeyboardInterrupt:
-            status = "KILLED"
+        except BaseException as e:
+            # a stop signal, or an error after one (a broken `| tee` pipe once Ctrl-C killed tee): KILLED
+            if isinstance(e, KeyboardInterrupt) or self.stopper.requested:
+                status = "KILLED"
             raise
         finally:
-            self.tracker.finish(status)
+            self.finish(status)
+
+    def finish(self, status: str) -> None:
+        """The run's final status in provenance.json, uploaded again (the start's copy said RUNNING), then in
+        the trackers."""
+        from rlexp.tracking.provenance import finish_provenance
+
+        prov = self.run_dir / "provenance.json"
+        if prov.exists():
+            finish_provenance(self.run_dir, status)
+            self.tracker.log_artifact(str(prov))
+        self.tracker.finish(status)
+        self.finished = status
 
     def _loop(self, start_step: int, last_logged: int, ids) -> TrainResult:
         from rlexp.trainer.progress import TrainProgress
@@ -387,6 +432,10 @@ class Trainer:
                 stop = False
                 for cb in self.callbacks:
                     stop |= bool(cb.on_step_end(step, metrics, eval_metrics))
+                signalled = self.stopper.requested
+                if signalled:
+                    self.stopper.step_ended()
+                    stop = True
                 if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop:
                     ckpt.save_checkpoint(
                         self.ckpt_dir,
@@ -398,16 +447,18 @@ class Trainer:
                         reference=self.reference,
                         tracker_ids=ids,
                         critic=self.algo.critic,
-                        keep=s.keep_checkpoints,
+                        keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                     )
+                if signalled:
+                    from rlexp.trainer.stopping import RunStopped
+
+                    raise RunStopped(self.stopper.signum, step, checkpointed=True)
                 if stop:
                     result.stopped_early = True
                     break
-        if s.keep_checkpoints == 0 and self.ckpt_dir.exists():  # kept while training (resume), not after
-            import shutil
-
-            shutil.rmtree(self.ckpt_dir)
+        # a fallback checkpoint is kept while the run trains (trainer.fallback_checkpoint), not after
+        ckpt.prune(self.ckpt_dir, s.keep_checkpoints)
         return result
 
     # ---- tracker bookkeeping ------------------------------------------------------------------
