@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.runs.setup import build_trackers, prepare_process, write_provenance
 from rlexp.tracking.params import flatten
-from rlexp.tracking.provenance import eval_tags
+from rlexp.tracking.provenance import eval_tags, finish_provenance
 
 log = logging.getLogger("rlexp.evaluate")
 
@@ -58,10 +58,9 @@ def load_checkpoint_weights(base_model, model_dir: Path):
 
 
 def run_eval(cfg: DictConfig):
-    """Build everything from a composed eval config and evaluate. Returns ``EvalResult``."""
-    from rlexp.evaluation.consistency import meter_from_config
-    from rlexp.evaluation.runner import BenchmarkEvaluator, build_benchmarks, settings_from_config
-    from rlexp.models.loading import load_model
+    """Build everything from a composed eval config and evaluate. Returns ``EvalResult``. provenance.json ends
+    FINISHED, FAILED or KILLED whatever happens; a tracker run exists only once the inputs have loaded, and a
+    failed one carries an ``error`` tag and the run's config files."""
 
     t = cfg.trainer
     if cfg.eval.temperature is None or cfg.eval.temperature <= 0:
@@ -69,6 +68,40 @@ def run_eval(cfg: DictConfig):
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)
+    status, tracker = "FAILED", None
+    try:
+        result, step, tracker = _evaluate(cfg, t, device, run_dir, prov)
+        status = "FINISHED"
+    except BaseException as e:
+        tracker = tracker or getattr(e, "tracker", None)
+        if isinstance(e, KeyboardInterrupt):
+            status = "KILLED"
+        elif tracker is not None:  # the failed run says why, with the config it ran
+            tracker.set_tags({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:5000]})
+        raise
+    finally:
+        finish_provenance(run_dir, status)
+        if tracker is not None:
+            for name in ("config.yaml", "overrides.yaml", "provenance.json"):
+                if (run_dir / name).exists():
+                    tracker.log_artifact(str(run_dir / name))
+            tracker.finish(status)
+    log.info(
+        "eval done (step %d): %s",
+        step,
+        {k: round(v, 4) for k, v in result.metrics.items() if k.endswith(("/accuracy", "/pass_at_1", "rederive_rate"))},
+    )
+    return result
+
+
+def _evaluate(cfg: DictConfig, t, device, run_dir: Path, prov: dict):
+    """Build, start the trackers and evaluate: (result, step, tracker). The trackers start only once the
+    benchmarks, the model and the checkpoint have loaded, so a bad input leaves no empty tracker run; an error
+    after that carries the started tracker (``error.tracker``) for the caller to record it."""
+    from rlexp.evaluation.consistency import meter_from_config
+    from rlexp.evaluation.runner import BenchmarkEvaluator, build_benchmarks, settings_from_config
+    from rlexp.models.loading import load_model
+
     benchmarks = build_benchmarks(cfg.benchmark)
     settings = settings_from_config(cfg.eval, t.seed)
     meter = meter_from_config(cfg.consistency)
@@ -90,22 +123,13 @@ def run_eval(cfg: DictConfig):
     tags = eval_tags(cfg, prov, run_dir, list(benchmarks), ckpt_dir or "")
     tracker.start(cfg.run_name or run_dir.name, container, flatten(container), tags)
     jsonl.start(cfg.run_name or run_dir.name, container, {}, tags)
-    status = "FAILED"
     try:
         result = evaluator.evaluate(policy, base.tokenizer, step, out_dir=run_dir / "eval")
         tracker.log_metrics(result.metrics, step)
         jsonl.log_metrics(result.metrics, step)
         for f in result.files:
             tracker.log_artifact(str(f), "eval")
-        for name in ("config.yaml", "overrides.yaml", "provenance.json"):
-            if (run_dir / name).exists():
-                tracker.log_artifact(str(run_dir / name))
-        status = "FINISHED"
-    finally:
-        tracker.finish(status)
-    log.info(
-        "eval done (step %d): %s",
-        step,
-        {k: round(v, 4) for k, v in result.metrics.items() if k.endswith(("/accuracy", "/pass_at_1", "rederive_rate"))},
-    )
-    return result
+    except BaseException as e:
+        e.tracker = tracker
+        raise
+    return result, step, tracker
