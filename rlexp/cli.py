@@ -42,11 +42,29 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     module, hydra_app = COMMANDS[cmd]
     command = importlib.import_module(module)
-    if hydra_app:
-        sys.argv = [f"rlexp {cmd}", *rest]
-        command.main()
-    else:
-        command.main(rest)
+    try:
+        if hydra_app:
+            sys.argv = [f"rlexp {cmd}", *rest]
+            command.main()
+        else:
+            command.main(rest)
+    except KeyboardInterrupt as e:
+        sys.exit(stopped(e))
+
+
+def stopped(e: KeyboardInterrupt) -> int:
+    """A run stopped by SIGTERM/SIGINT (``rlexp.trainer.stopping``): one line on stderr, exit 128 + the signal.
+    Standard output may be a pipe whose reader died with the same Ctrl-C (``| tee``): it goes to /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    try:
+        print(f"rlexp: {e or 'interrupted'}", file=sys.stderr)
+    except OSError:
+        pass
+    return getattr(e, "exit_code", 130)
 
 
 if __name__ == "__main__":
