@@ -50,6 +50,7 @@ class GracefulStop:
         return self.signum is not None
 
     def __enter__(self) -> GracefulStop:
+        self._raise_logging_errors = logging.raiseExceptions
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 self._previous[s] = signal.signal(s, self._on_signal)
@@ -60,6 +61,7 @@ class GracefulStop:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+        logging.raiseExceptions = self._raise_logging_errors
 
     def step_ended(self) -> None:
         """The step the stop waited for is over: no deadline any more (the checkpoint save is not cut short)."""
@@ -72,6 +74,8 @@ class GracefulStop:
             log.warning("%s again: stopping at once", signal.Signals(signum).name)
             raise RunStopped(self.signum, None, checkpointed=False)
         self.signum = signum
+        # Ctrl-C under `| tee` kills tee too: the log lines until the stop must not each print a traceback
+        logging.raiseExceptions = False
         if self.grace_s:
             log.warning(
                 "%s: finishing the current step (at most %g s), then checkpointing and stopping; send it again to "
