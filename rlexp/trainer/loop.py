@@ -450,7 +450,7 @@ class Trainer:
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                     )
-                if signalled:
+                if signalled and step < s.max_steps:  # stopped on a signal (the last step: simply done)
                     from rlexp.trainer.stopping import RunStopped
 
                     raise RunStopped(self.stopper.signum, step, checkpointed=True)
