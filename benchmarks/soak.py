@@ -182,7 +182,24 @@ def main() -> None:
 
     codes = [p.wait() for _, _, p in procs]
     wall = round(time.monotonic() - t0, 1)
-    results = [{**check_run(d, u, args.steps), "exit_code": c} for (d, u, _), c in zip(procs, codes)]
+    before = [check_run(d, u, args.steps) for d, u, _ in procs]
+    # a run that ended while the server was still down says so and names `rlexp replay` (its metrics.jsonl holds
+    # every step): do as it says
+    replayed = []
+    for d, u, _ in procs:
+        if "rlexp replay" in (work / f"{d.name}.log").read_text():
+            r = subprocess.run(
+                [str(VENV_BIN / "rlexp"), "replay", str(d)],
+                capture_output=True,
+                text=True,
+                cwd=work,
+                env={**os.environ, "MLFLOW_TRACKING_URI": u},
+            )
+            replayed.append({"run": d.name, "exit_code": r.returncode, "output": (r.stdout + r.stderr)[-500:]})
+    results = [
+        {**check_run(d, u, args.steps), "exit_code": c, "before_replay": {k: b[k] for k in ("status", "lost_values")}}
+        for (d, u, _), c, b in zip(procs, codes, before)
+    ]
     stop_server(server)
 
     ok = all(
@@ -203,6 +220,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "ok": ok,
         "lost_values": sum(r["lost_values"] for r in results),
+        "lost_values_before_replay": sum(b["lost_values"] for b in before),
+        "replayed": replayed,
         "duplicated_values": sum(r["duplicated_values"] for r in results),
         "results": results,
     }
@@ -214,14 +233,21 @@ def main() -> None:
         f"Command: `python benchmarks/{summary['command']}`; wall {wall} s on {os.cpu_count()} cores.",
         f"Server stopped at {restart['down_at_s']} s, back at {restart['up_at_s']} s.",
         "",
-        "| run | store | exit | status | jsonl 1..S | metric keys | lost | duplicated |",
-        "|---|---|---|---|---|---|---|---|",
+        "A run that ends while the server is still down waits `flush_timeout` (30 s), then exits naming "
+        "`rlexp replay <run dir>`; the soak runs that command for each such run, as a user would. The columns "
+        "before it are the state the training process left.",
+        "",
+        "| run | store | exit | status before replay | missing before replay | status | jsonl 1..S | metric keys "
+        "| lost | duplicated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         store = "sqlite" if r["store"].startswith("sqlite") else "server"
+        b = r["before_replay"]
         lines.append(
-            f"| {Path(r['run_dir']).name} | {store} | {r['exit_code']} | {r['status']} | {r['jsonl_steps_ok']} | "
-            f"{r['metric_keys']} | {r['lost_values']} | {r['duplicated_values']} |"
+            f"| {Path(r['run_dir']).name} | {store} | {r['exit_code']} | {b['status']} | {b['lost_values']} | "
+            f"{r['status']} | {r['jsonl_steps_ok']} | {r['metric_keys']} | {r['lost_values']} | "
+            f"{r['duplicated_values']} |"
         )
     lines += [
         "",
