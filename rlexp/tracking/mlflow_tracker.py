@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from rlexp.tracking.base import Tracker
+from rlexp.tracking.sqlite_store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,10 @@ def sqlite_path(uri: str) -> Path | None:
 def open_client(uri: str):
     """An ``MlflowClient`` whose store is ready. A SQLite store is created and migrated by the first client that
     opens it; runs starting at once on a fresh file would each migrate it and leave it half-migrated, so the first
-    open happens under a file lock beside the database (``<db>.lock``), and the others find it migrated."""
+    open happens under a file lock beside the database (``<db>.lock``), and the others find it migrated. Under
+    the same lock the store is checked first (``rlexp.tracking.sqlite_store``): one behind this MLflow or left
+    half-migrated by an interrupted migration is repaired and migrated after a backup copy where that is safe,
+    otherwise refused with a ``StoreError`` that says how to recover."""
     from mlflow import MlflowClient
 
     db = sqlite_path(uri)
@@ -90,8 +94,11 @@ def open_client(uri: str):
         return MlflowClient(tracking_uri=uri)
     from filelock import FileLock
 
+    from rlexp.tracking.sqlite_store import prepare_store
+
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{db}.lock"):
+        prepare_store(db)
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # builds the store (creates / migrates the schema) now
     return client
@@ -223,6 +230,8 @@ class MLflowTracker(Tracker):
                     exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
                 ).info.run_id
                 break
+            except StoreError:  # a local store refused (half-migrated, newer MLflow): no retry fixes it
+                raise
             except Exception as e:
                 if is_permanent(e) or time.monotonic() + wait > deadline:
                     last_error = e
