@@ -18,8 +18,10 @@ again and fails for good (``duplicate column name: step``, ``table _alembic_tmp_
   plus what the interrupted migration added (tables, columns, indexes that a later revision has, and alembic's
   ``_alembic_tmp_<table>`` copies of tables still there), those additions are removed in one transaction and
   checked against the revision's schema. Either way a copy is made first (``<db>.bak-<time>``), the migration
-  is then completed, and a failure restores the copy. Anything else (a table dropped midway, a changed primary
-  key) is refused: one line that names the file, what is wrong and how to recover without losing runs;
+  is then completed, and a failure restores the copy. Anything else beside such additions (a table dropped
+  midway, a changed primary key) is refused: one line that names the file, what is wrong and how to recover
+  without losing runs (a store without runs is set aside instead, and MLflow creates a new one). A store unlike
+  the reference but with nothing of a later revision (an older MLflow built it) counts as behind;
 - a revision this MLflow does not know (a newer MLflow wrote it): refused, untouched.
 """
 
@@ -156,9 +158,10 @@ def _later_objects(refs, start: int) -> tuple[set, set, set]:
     return tabs, cols, idx
 
 
-def rollback_plan(con: sqlite3.Connection, ref: dict, later) -> tuple[list[str], list[str]]:
-    """The statements that take the store back to ``ref`` by removing what an interrupted migration added,
-    and a description of every difference (empty statements and a non-empty description: not possible)."""
+def rollback_plan(con: sqlite3.Connection, ref: dict, later) -> tuple[list[str], list[str], list[str]]:
+    """(statements, added, blockers): the statements that take the store back to ``ref`` by removing what an
+    interrupted migration added (described in ``added``, the evidence of one), and the differences that no such
+    removal undoes (when there are any, no statement is returned)."""
     actual = schema(con)
     later_tables, later_cols, later_idx = later
     stmts, what, blockers = [], [], []
@@ -170,7 +173,8 @@ def rollback_plan(con: sqlite3.Connection, ref: dict, later) -> tuple[list[str],
                 stmts.append(f"DROP TABLE {_q(t)}")
                 what.append(f"leftover {t}")
             else:
-                blockers.append(f"{orig} dropped midway (its rows are in {t})")
+                what.append(f"{orig} dropped midway (its rows are in {t})")
+                blockers.append(what[-1])
     for t in sorted(set(actual) - set(ref)):
         if t in later_tables:
             stmts.append(f"DROP TABLE {_q(t)}")
@@ -207,8 +211,8 @@ def rollback_plan(con: sqlite3.Connection, ref: dict, later) -> tuple[list[str],
         if a["foreign_keys"] != r["foreign_keys"]:
             blockers.append(f"foreign keys of {t} changed")
     if blockers:
-        return [], blockers + what
-    return drop_idx + drop_cols + stmts, what
+        return [], what, blockers
+    return drop_idx + drop_cols + stmts, what, []
 
 
 # ---- backup and repair ---------------------------------------------------------------------------------------
@@ -305,13 +309,17 @@ def prepare_store(db: str | Path) -> str | None:
     has_tmp = any(t.startswith(TMP_PREFIX) for t in present)
     matches = [i for i in range(start, len(refs)) if refs[i][1] == actual and not has_tmp]
     label = rev or "none"
-    if matches and matches[0] == start:  # a store at its own revision: behind the head
-        if mlflow_tables() <= present:  # MLflow refuses it: its migration is the user's call
+
+    def behind():
+        if mlflow_tables() <= present:  # MLflow refuses such a store: its migration is the user's call
             raise StoreError(
                 f"{db}: MLflow store at schema revision {label}, MLflow {mlflow.__version__} needs {head}; back it up "
                 f"(cp {db} {db}.bak) then migrate it: mlflow db upgrade {_uri(db)}"
             )
-        return _migrate(db, f"at revision {label}")
+        return _migrate(db, f"at revision {label}")  # as MLflow would, after a copy
+
+    if matches and matches[0] == start:  # a store at its own revision: behind the head
+        return behind()
     if matches:  # whole migrations ran, their stamp did not
         target = refs[matches[0]][0]
 
@@ -324,7 +332,10 @@ def prepare_store(db: str | Path) -> str | None:
             db, stamp, refs[matches[0]][1], f"half-migrated (revision {label}, schema of {target}): stamped {target}"
         )
     with closing(sqlite3.connect(db)) as con:
-        stmts, what = rollback_plan(con, refs[start][1], _later_objects(refs, start))
+        stmts, what, blockers = rollback_plan(con, refs[start][1], _later_objects(refs, start))
+    if not what:  # nothing from a later migration, only unlike this MLflow's own build of the revision (an older
+        return behind()  # MLflow created it): behind, migrated as MLflow would (a failure restores the copy)
+    what = blockers + [w for w in what if w not in blockers]
     summary = "; ".join(what[:6]) + (f"; and {len(what) - 6} more" if len(what) > 6 else "")
     if not stmts:
         if runs == 0:  # nothing to lose: set it aside, MLflow creates a new store

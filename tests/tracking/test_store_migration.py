@@ -231,3 +231,32 @@ def test_an_old_store_is_migrated_after_a_backup(tmp_path):
     (copy,) = tmp_path.glob("mlruns.db.bak-*")
     with closing(sqlite3.connect(copy)) as con:
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+
+
+def test_a_store_unlike_the_reference_but_with_nothing_of_a_later_migration_is_migrated(tmp_path):
+    """An older MLflow's build of a revision may differ from this one's (here: an index of its own); with
+    nothing of a later revision in it, it is no half-migration: migrated as MLflow would, after a copy."""
+    db = tmp_path / "mlruns.db"
+    old_store_with_a_run(db)
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("CREATE INDEX idx_params_value ON params (value)")
+    open_client(f"sqlite:///{db}")
+    assert revision(db) == head_revision()
+    assert_the_old_run_is_there(f"sqlite:///{db}")
+    assert len(list(tmp_path.glob("mlruns.db.bak-*"))) == 1
+
+
+def test_an_unrepairable_store_without_runs_is_set_aside(tmp_path):
+    db = tmp_path / "mlruns.db"
+    old_store_with_a_run(db)
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("DELETE FROM metrics")
+        con.execute("DELETE FROM params")
+        con.execute("DELETE FROM tags")
+        con.execute("DELETE FROM runs")
+        con.execute("ALTER TABLE tags RENAME TO _alembic_tmp_tags")
+    open_client(f"sqlite:///{db}")
+    assert at_head(db)
+    (aside,) = tmp_path.glob("mlruns.db.bak-*")
+    with closing(sqlite3.connect(aside)) as con:  # kept as it was
+        assert con.execute("SELECT name FROM experiments WHERE experiment_id = 1").fetchone() == ("old",)
