@@ -72,6 +72,15 @@ def is_permanent(exc: BaseException) -> bool:
     return code in PERMANENT_ERRORS
 
 
+def file_state(path: str) -> tuple[int, int] | None:
+    """(modification time in ns, size) of a file, None when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` tracking URI (None for any other store)."""
     if not uri.startswith("sqlite:///"):
@@ -208,6 +217,10 @@ class MLflowTracker(Tracker):
         self.outage_since: float | None = None
         self.sent_batches = 0
         self.dropped: list[tuple[str, str]] = []
+        # artifact path -> its (mtime, size) as last sent / as the upload in flight reads it
+        self._uploaded: dict[str, tuple[int, int] | None] = {}
+        self._sending: dict[str, tuple[int, int] | None] = {}
+        self._busy = False  # the operation at the head of the queue is being sent
 
     # ---- start (blocking, bounded) -------------------------------------------------------------
     def start(self, run_name, config, params, tags, resume_id=None):
@@ -318,7 +331,16 @@ class MLflowTracker(Tracker):
         if kind == "metrics":
             log_metric_entities(c, self.run_id, args[0])
         elif kind == "artifact":
-            c.log_artifact(self.run_id, args[0], args[1])
+            path = os.path.abspath(args[0])
+            state = file_state(path)  # what this upload reads
+            with self._cv:
+                self._sending[path] = state
+            try:
+                c.log_artifact(self.run_id, args[0], args[1])
+                self._uploaded[path] = state
+            finally:
+                with self._cv:
+                    self._sending.pop(path, None)
         elif kind == "tags":
             from mlflow.entities import RunTag
 
@@ -346,6 +368,7 @@ class MLflowTracker(Tracker):
                 if self._abandon or not self._queue:
                     return
                 kind, args = self._queue[0]
+                self._busy = True
             try:
                 self._apply(kind, args)
             except Exception as e:
@@ -354,6 +377,7 @@ class MLflowTracker(Tracker):
                         self.outage_since = time.monotonic()
                         log.warning("MLflow at %s unreachable (%s); buffering, training goes on", self.tracking_uri, e)
                     with self._cv:  # back off; once finish() is waiting, retry every 0.5 s until it gives up
+                        self._busy = False
                         if self._closing:
                             self._cv.wait_for(lambda: self._abandon, timeout=min(wait, 0.5))
                         else:
@@ -364,6 +388,7 @@ class MLflowTracker(Tracker):
                 self.dropped.append((kind, str(e)))
             with self._cv:
                 self._queue.popleft()
+                self._busy = False
                 self._cv.notify_all()
             self.sent_batches += 1
             if self.outage_since is not None:
@@ -384,9 +409,27 @@ class MLflowTracker(Tracker):
                 lambda: not self._queue, timeout=self.flush_timeout if timeout is None else timeout
             )
 
+    def final_provenance(self) -> None:
+        """Queue ``<run_dir>/provenance.json`` unless MLflow already has it as it is now: the start uploads the
+        RUNNING snapshot, and whoever ends the run rewrites it with the final status (and may upload it, then
+        nothing more is sent)."""
+        if not self.run_dir:
+            return
+        path = os.path.abspath(os.path.join(self.run_dir, "provenance.json"))
+        if not os.path.exists(path):
+            return
+        with self._cv:  # an upload not in flight yet reads the file as it is now
+            queued = [i for i, (k, a) in enumerate(self._queue) if k == "artifact" and os.path.abspath(a[0]) == path]
+            if any(i > 0 or not self._busy for i in queued):
+                return
+            sent = {self._uploaded.get(path), self._sending.get(path)} - {None}
+        if file_state(path) not in sent:
+            self._submit("artifact", path, None)
+
     def finish(self, status="FINISHED"):
         if self.run_id is None:
             return
+        self.final_provenance()
         self._submit("terminate", status)
         with self._cv:
             self._closing = True

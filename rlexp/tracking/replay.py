@@ -6,13 +6,56 @@ MLflow run id (``tracker_ids.json``) and tracking URI (``config.yaml``, or ``--t
 and logs exactly the (metric, step) values the MLflow run does not hold yet — running it twice logs
 nothing the second time. A run that never reached MLflow (server down at start, or a different
 server given by ``--tracking-uri``) is created with the run's params, tags and config artifacts,
-and its id is written to ``tracker_ids.json`` so a resumed run continues it.
+and its id is written to ``tracker_ids.json`` so a resumed run continues it. The run's final
+``provenance.json`` is uploaded again (the run's own upload of it may have been left unsent).
+
+A store that cannot be reached is one line (``TrackingUnreachable``): a URI from the run's config suggests
+``--tracking-uri``; so does a SQLite store from the config that does not exist here (a relative path run
+from another directory), rather than creating an empty one. A SQLite store is opened as a run opens it
+(``open_client``: checked, repaired or refused).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+
+class TrackingUnreachable(ConnectionError):
+    """The tracking store of a replay cannot be reached; the message is one line that says what to do."""
+
+
+def connection_reason(exc: BaseException) -> str:
+    """The short cause of a failed connection (``Connection refused``, ``Name or service not known``, ...)."""
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if m:
+        return m.group(1).strip()
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return "timed out"
+    return (text.splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _check_reachable(client, uri: str, source: str, run_dir: Path) -> None:
+    """One request to the store before anything is uploaded: a dead URI is one line that suggests
+    ``--tracking-uri`` (a URI from the run's config) or checking it (one given on the command line)."""
+    from rlexp.tracking.mlflow_tracker import is_permanent
+
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as e:
+        if is_permanent(e):
+            raise
+        hint = (
+            "start it again, or upload to another store with --tracking-uri URI"
+            if source == "config"
+            else "check that it runs and that the URI is right"
+        )
+        where = f"saved in {run_dir / 'config.yaml'}" if source == "config" else "--tracking-uri"
+        raise TrackingUnreachable(
+            f"rlexp replay: cannot reach the MLflow tracking server at {uri} ({where}): {connection_reason(e)}; {hint}"
+        ) from e
 
 
 def _mlflow_settings(cfg, tracking_uri: str | None, experiment: str | None) -> tuple[str, str, str | None]:
@@ -31,7 +74,6 @@ def replay(
 ) -> dict:
     """Upload the missing metrics of ``run_dir``; return a summary dict (run_id, uploaded, present,
     steps, created)."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
@@ -42,6 +84,8 @@ def replay(
         experiment_id,
         log_metric_entities,
         missing_metrics,
+        open_client,
+        sqlite_path,
     )
     from rlexp.tracking.provenance import run_tags
 
@@ -50,9 +94,18 @@ def replay(
         raise SystemExit(f"rlexp replay: {run_dir}/metrics.jsonl not found (is {run_dir} a run directory?)")
     cfg = OmegaConf.load(run_dir / "config.yaml")
     uri, exp_name, artifact_location = _mlflow_settings(cfg, tracking_uri, experiment)
+    source = "flag" if tracking_uri else "config"
+    db = sqlite_path(uri)
+    if db is not None and source == "config" and not db.exists():
+        raise FileNotFoundError(
+            f"rlexp replay: the MLflow store {uri} saved in {run_dir / 'config.yaml'} does not exist here "
+            f"({db.absolute()}); run from the directory the run started in, or pass --tracking-uri URI (a new "
+            "SQLite store is created there)"
+        )
     if uri.startswith(("http://", "https://")):
         bound_http_waits()
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)
+    _check_reachable(client, uri, source, run_dir)
     ids_path = run_dir / "tracker_ids.json"
     ids = json.loads(ids_path.read_text()) if ids_path.exists() else {}
     ids = ids if isinstance(ids, dict) else {}
@@ -96,6 +149,8 @@ def replay(
     total = sum(1 for r in rows for k, v in r.items() if k not in ("step", "time") and v is not None)
     if not dry_run:
         log_metric_entities(client, run_id, missing)
+        if prov_path.exists() and not created:  # the final provenance (the run's upload may not have reached it)
+            client.log_artifact(run_id, str(prov_path))
         status = prov.get("status")
         if status in ("FINISHED", "FAILED", "KILLED") and client.get_run(run_id).info.status != status:
             if prov.get("end_time"):
