@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-USAGE = """usage: rlexp <command> [overrides...]
+USAGE = """usage: rlexp [--verbose] <command> [overrides...]
 
 commands:
   train     train a policy (Hydra app; `rlexp train --help`, `-m` for multiruns)
@@ -16,6 +16,9 @@ commands:
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
   bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
+
+An error is one line `error: ...` (exit status 2 for a configuration error, 1 otherwise); `--verbose` (before or
+after the command) or HYDRA_FULL_ERROR=1 prints its traceback too.
 """
 
 # command -> (module, whether it is a Hydra app reading sys.argv)
@@ -29,8 +32,13 @@ COMMANDS = {
 }
 
 
+VERBOSE = "--verbose"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = VERBOSE in argv  # a global flag, before or after the command: never passed on (not a Hydra override)
+    argv = [a for a in argv if a != VERBOSE]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
@@ -40,16 +48,20 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"rlexp: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+    from rlexp.commands.errors import report, run_command, run_hydra_app, verbose_env
+
+    verbose = verbose or verbose_env()
     module, hydra_app = COMMANDS[cmd]
-    command = importlib.import_module(module)
     try:
+        command = importlib.import_module(module)
         if hydra_app:
-            sys.argv = [f"rlexp {cmd}", *rest]
-            command.main()
+            run_hydra_app(command.main, [f"rlexp {cmd}", *rest], verbose)
         else:
-            command.main(rest)
+            run_command(command.main, rest, verbose)
     except KeyboardInterrupt as e:
         sys.exit(stopped(e))
+    except Exception as e:  # an import failing (a missing dependency)
+        sys.exit(report(e, verbose))
 
 
 def stopped(e: KeyboardInterrupt) -> int:

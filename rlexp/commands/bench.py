@@ -7,12 +7,14 @@ import hydra
 from omegaconf import DictConfig
 
 from rlexp.bench.harness import command_line, run
+from rlexp.commands.errors import job_errors
 from rlexp.config.paths import CONF_DIR
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
 def main(cfg: DictConfig):
-    report = run(cfg, command_line())
+    with job_errors():
+        report = run(cfg, command_line())
     return report["ratio"]
 
 
