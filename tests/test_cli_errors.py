@@ -141,6 +141,16 @@ def test_replay_to_a_saved_sqlite_store_that_is_not_here_creates_nothing(tmp_pat
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_an_unreachable_tracking_server_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc, _, err = rlexp("compare", "--tracking-uri", f"http://127.0.0.1:{port}", cwd=tmp_path)
+    line = one_error_line(err)
+    assert rc == 1
+    assert line == f"error: cannot reach the MLflow tracking server at http://127.0.0.1:{port}: Connection refused"
+
+
 def test_a_refused_store_is_one_line(tmp_path):
     import sqlite3
     from contextlib import closing

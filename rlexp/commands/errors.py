@@ -110,6 +110,12 @@ def message(e: BaseException) -> str:
         return f"no space left on device: {e.filename}"
     if isinstance(e, FileNotFoundError) and e.filename and e.strerror:  # an OSError of its own
         return f"{e.strerror}: {e.filename}"
+    if _connection_failure(e):
+        from rlexp.tracking.replay import connection_reason
+
+        m = re.search(r"API request to (https?://[^/\s]+)", text)
+        where = f" at {m.group(1)}" if m else ""
+        return f"cannot reach the MLflow tracking server{where}: {connection_reason(e)}"
     opts = _options(text)
     lines = _lines(text.split("\nAvailable options in")[0] if opts else text)
     cause = e.__cause__
