@@ -8,6 +8,7 @@ with a deterministic train/eval split under ``seed`` and no question in both spl
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,20 +85,23 @@ def gsm8k(
     """GSM8K (Cobbe et al., 2021) from the hub (``openai/gsm8k``) or a local file in its schema
     (``question``, ``answer`` ending in ``#### <number>``)."""
     rows = load_table(data_files) if data_files else _load_hub(path, subset, split)
-    _require_columns(rows, ["question", "answer"], data_files or path)
+    source = f"dataset.data_files={data_files}" if data_files else f"dataset.path={path}"
+    _require_columns(rows, ["question", "answer"], source)
     records = []
     for i, r in enumerate(rows):
+        question = cell_text(r, "question", source, i, numbers=False)
+        solution = cell_text(r, "answer", source, i, numbers=False)
         try:
-            gold = parse_gsm8k_answer(r["answer"])
+            gold = parse_gsm8k_answer(solution)
         except ValueError as e:
-            raise ValueError(f"{data_files or path}: row {i + 1}: {e}") from e
+            raise ValueError(f"{source} row {i + 1}: {e}") from e
         records.append(
             {
                 "id": f"gsm8k-{i}",
-                "question": r["question"],
+                "question": question,
                 "answer": gold,
                 "scorer": "math",
-                "metadata": {"solution": r["answer"]},
+                "metadata": {"solution": solution},
             }
         )
     return _split(name, records, eval_size, seed, train_size)
@@ -113,14 +117,17 @@ def local_file(
     eval_size: int = 50,
     train_size: int | None = None,
 ) -> DatasetSplits:
-    """A local jsonl/json/parquet/csv file with named question and answer columns."""
+    """A local jsonl/json/parquet/csv file with named question and answer columns. A question must be a
+    non-empty string and an answer a non-empty string or a number (``cell_text``): a null, list or dict cell is refused
+    (naming the file, row and column) rather than trained on as the text ``None`` or ``['What is', 3]``."""
     rows = load_table(path)
-    _require_columns(rows, [question_column, answer_column], path)
+    source = f"dataset.path={path}"
+    _require_columns(rows, [question_column, answer_column], source)
     records = [
         {
             "id": f"{Path(path).stem}-{i}",
-            "question": str(r[question_column]),
-            "answer": str(r[answer_column]),
+            "question": cell_text(r, question_column, source, i, numbers=False),
+            "answer": cell_text(r, answer_column, source, i),
             "scorer": scorer,
             "metadata": {},
         }
@@ -164,6 +171,34 @@ def _require_columns(rows: list[dict], columns: list[str], source: str) -> None:
         missing = [c for c in columns if c not in r]
         if missing:
             raise ValueError(f"{source}: row {i + 1} has no column {missing[0]!r} (columns: {sorted(r)})")
+
+
+def cell_text(row: dict, column: str, source: str, index: int, numbers: bool = True) -> str:
+    """The text of a question/answer cell. A string (not blank) is itself; with ``numbers`` a finite int or
+    float (or a bool) is its ``str`` (a numeric answer column); anything else — null (JSON ``null``, a missing
+    parquet/CSV value, NaN), a list, a dict, a blank string — is a ``ConfigError`` naming ``source``, the row
+    (1-based, as in the file's records) and the column, instead of the string ``"None"`` or ``"['What is', 3]"``."""
+    from rlexp.config.schema import ConfigError
+
+    value = row[column]
+    where = f"{source} row {index + 1}: column {column!r}"
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError(f"{where} is {'empty' if not value else 'blank'}")
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise ConfigError(f"{where} is null")
+    if numbers and isinstance(value, (int, float)):  # bool too: True/False answers
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} is {value} (not a finite number)")
+        return str(value)
+    kind = {list: "a list", tuple: "a list", dict: "a dict (object)"}.get(
+        type(value), f"of type {type(value).__name__}"
+    )
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    expected = "a string or a number" if numbers else "a string"
+    raise ConfigError(f"{where} is {kind} ({shown}), expected {expected}")
 
 
 def _load_hub(path: str, subset: str | None, split: str) -> list[dict]:
