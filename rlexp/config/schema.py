@@ -26,6 +26,12 @@ class TrainerConfig:
     # short rows then train in larger micro-batches, long ones in smaller (null: rows only)
     micro_batch_tokens: Optional[int] = None
     max_new_tokens: int = 64
+    # tokens a prompt may have (chat template included; TRL's max_prompt_length); null: the model's context
+    # (max_position_embeddings) minus max_new_tokens, which is also the most it may be set to
+    max_prompt_length: Optional[int] = None
+    # a training prompt longer than that: error (refused at the first step, naming the row, before anything is
+    # generated) | truncate (the question's first tokens are cut, the chat template kept) | drop (left out)
+    overlong_prompts: str = "error"
     temperature: float = 1.0
     # μ·k > 1: the old log-probs from a no-grad forward of the policy before the update (TRL, verl) instead of
     # the sampler's recorded ones (null: recompute whenever μ·k > 1)
@@ -78,8 +84,8 @@ class EvalConfig:
     # benchmark evaluation (`rlexp eval`, and training with `+benchmark=<entry>`); see
     # rlexp/evaluation/runner.py. pass@k is logged as pass_at_k, maj@k as maj_at_k (MLflow-safe).
     n: int = 1  # samples per problem
-    ks: Optional[list[int]] = None  # pass@k for these k <= n (null: every k in 1..n)
-    maj_ks: Optional[list[int]] = None  # maj@k for these k <= n (null: k = n)
+    ks: Optional[list[int]] = None  # pass@k for these k <= n (null: every k in 1..n); a k > n is refused
+    maj_ks: Optional[list[int]] = None  # maj@k for these k <= n (null: k = n); a k > n is refused
     maj_tie: str = "random"  # random (expected value over tied answers) | first (verl's rule)
     max_subsets: int = 2000  # maj@k: exact average over k-subsets up to this many, else sampled
     greedy: Optional[bool] = None  # null: greedy iff n == 1
@@ -166,7 +172,13 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 
 
+OVERLONG_PROMPTS = ("error", "truncate", "drop")
+
+
 def validate(cfg: DictConfig) -> None:
+    """The train app's checks, before anything is built: no key the schema does not know under the nodes it types,
+    every range, the device, the eval k values, the reward terms."""
+    check_unknown_keys(cfg)
     t = cfg.trainer
     checks = [
         (t.num_generations >= 2, "trainer.num_generations", t.num_generations, "must be >= 2 (a group needs peers)"),
@@ -187,6 +199,18 @@ def validate(cfg: DictConfig) -> None:
             "must be > 0 or null (no token budget)",
         ),
         (t.max_new_tokens > 0, "trainer.max_new_tokens", t.max_new_tokens, "must be > 0"),
+        (
+            t.max_prompt_length is None or t.max_prompt_length > 0,
+            "trainer.max_prompt_length",
+            t.max_prompt_length,
+            "must be > 0 or null (the model's context minus trainer.max_new_tokens)",
+        ),
+        (
+            t.overlong_prompts in OVERLONG_PROMPTS,
+            "trainer.overlong_prompts",
+            t.overlong_prompts,
+            f"must be one of {list(OVERLONG_PROMPTS)}",
+        ),
         (
             t.rollout_correction in (None, *CORRECTION_MODES),
             "trainer.rollout_correction",
@@ -211,6 +235,8 @@ def validate(cfg: DictConfig) -> None:
     for ok, key, value, why in checks:
         if not ok:
             raise ConfigError(f"{key}={value}: {why}")
+    check_device(t.device)
+    check_eval_ks(cfg.eval.n, cfg.eval.ks, cfg.eval.maj_ks)
     if t.compile:
         _check_compile(t)
     terms = cfg.reward.get("terms") or {}
@@ -221,6 +247,97 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"reward.terms.{name} has no _target_")
     if t.accuracy_term is not None and t.accuracy_term not in terms:
         raise ConfigError(f"trainer.accuracy_term={t.accuracy_term!r} is not a reward term (terms: {list(terms)})")
+
+
+def validate_eval(cfg: DictConfig) -> None:
+    """The eval app's checks before anything loads: unknown keys, the device, the eval k values."""
+    check_unknown_keys(cfg)
+    check_device(cfg.trainer.device)
+    check_eval_ks(cfg.eval.n, cfg.eval.ks, cfg.eval.maj_ks)
+
+
+_APPS = {"RLExpConfig": "train", "EvalAppConfig": "eval", "TrainerConfig": "trainer"}
+
+
+def check_unknown_keys(cfg: DictConfig) -> None:
+    """Refuse a key that the schema does not know under a node it types itself (the root, trainer, eval,
+    consistency, trial): ``+trainer.max_stepz=2`` gets past OmegaConf's struct check (``+`` adds a key) and would
+    be ignored. The open nodes (model, dataset, reward, algorithm, rollout, tracker, …) are not checked."""
+    import dataclasses
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    def walk(node: DictConfig, path: str) -> None:
+        schema = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(schema):
+            return
+        known = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            full = f"{path}.{key}" if path else str(key)
+            if key not in known and not (not path and key == "hydra"):
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+                where = (
+                    f"a setting of {path}"
+                    if path
+                    else f"a top-level key of the {_APPS.get(schema.__name__, schema.__name__)} config"
+                )
+                prefix = f"{path}." if path else ""
+                hint = f"; did you mean {prefix}{close[0]}?" if close else f" (known: {', '.join(known)})"
+                raise ConfigError(f"{full} is not {where}{hint}")
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, full)
+
+    walk(cfg, "")
+
+
+def check_device(name: str) -> None:
+    """``trainer.device``: auto, cpu, cuda, cuda:N or mps, and present on this machine."""
+    import torch
+
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"trainer.device={name!r} is not a device: auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ConfigError(
+                f"trainer.device={name}: CUDA is not available on this machine (torch {torch.__version__}, {build}); "
+                "use trainer.device=auto or cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"trainer.device={name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"trainer.device={name}: MPS is not available on this machine; use auto or cpu")
+    elif device.type != "cpu":
+        raise ConfigError(f"trainer.device={name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+
+
+def check_eval_ks(n: int, ks, maj_ks) -> None:
+    """``eval.ks`` / ``eval.maj_ks``: every k in 1..eval.n (a k above n was dropped without a word before)."""
+    if n is None or n < 1:
+        raise ConfigError(f"eval.n={n}: must be >= 1")
+    for key, values in (("ks", ks), ("maj_ks", maj_ks)):
+        if values is None:
+            continue
+        values = [int(k) for k in values]
+        low = [k for k in values if k < 1]
+        if low:
+            raise ConfigError(f"eval.{key}={values}: every k must be >= 1 (got {low[0]})")
+        high = [k for k in values if k > n]
+        if high:
+            raise ConfigError(
+                f"eval.{key}={values}: k={high[0]} is more than eval.n={n} samples per problem; "
+                f"raise eval.n or keep every k <= {n}"
+            )
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -41,14 +41,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def resolve_ks(ks: Sequence[int] | None, n: int) -> list[int]:
-    """The configured k values that are <= n (``None``: every k from 1 to n)."""
+def resolve_ks(ks: Sequence[int] | None, n: int, key: str = "eval.ks") -> list[int]:
+    """The configured k values, sorted and unique (``None``: every k from 1 to n). A k outside 1..n is an error
+    naming ``key`` and ``eval.n``: pass@k of a k above n does not exist, and dropping it left a table without the
+    column that was asked for."""
     if ks is None:
         return list(range(1, n + 1))
-    bad = [k for k in ks if int(k) < 1]
+    values = [int(k) for k in ks]
+    bad = [k for k in values if k < 1]
     if bad:
-        raise ValueError(f"eval.ks={list(ks)}: every k must be >= 1 (got {bad[0]})")
-    return sorted({int(k) for k in ks if int(k) <= n})
+        raise ValueError(f"{key}={values}: every k must be >= 1 (got {bad[0]})")
+    high = [k for k in values if k > n]
+    if high:
+        raise ValueError(
+            f"{key}={values}: k={high[0]} is more than eval.n={n} samples per problem; "
+            f"raise eval.n or keep every k <= {n}"
+        )
+    return sorted(set(values))
 
 
 def majority_pick(clusters: Sequence[int | None], correct_of: dict[int, float], tie: str = "random") -> float:
@@ -160,7 +169,7 @@ def summarize(
     m["accuracy"] = float(np.mean(per_problem))
     m["pass_at_1_ci_low"], m["pass_at_1_ci_high"] = bootstrap_ci(per_problem, num_resamples, ci_level, seed)
     if clusters is not None and correct_of is not None:
-        for k in resolve_ks(maj_ks if maj_ks is not None else [n], n):
+        for k in resolve_ks(maj_ks if maj_ks is not None else [n], n, "eval.maj_ks"):
             m[f"maj_at_{k}"] = float(
                 np.mean([maj_at_k(cl, co, k, maj_tie, max_subsets, seed) for cl, co in zip(clusters, correct_of)])
             )

@@ -55,10 +55,9 @@ class EvalSettings:
             raise ValueError(f"eval.limit={self.limit} must be >= 1 (or null)")
         if self.maj_tie not in ("random", "first"):
             raise ValueError(f"eval.maj_tie={self.maj_tie!r} is not one of ('random', 'first')")
-        for key in ("ks", "maj_ks"):
-            bad = [k for k in (getattr(self, key) or []) if int(k) < 1]
-            if bad:
-                raise ValueError(f"eval.{key}={getattr(self, key)}: every k must be >= 1")
+        from rlexp.config.schema import check_eval_ks
+
+        check_eval_ks(self.n, self.ks, self.maj_ks)  # every k in 1..n (ConfigError naming eval.ks and eval.n)
 
 
 @dataclass
@@ -248,20 +247,38 @@ class BenchmarkEvaluator:
 
 
 def settings_from_config(cfg_eval, seed: int) -> EvalSettings:
-    """``EvalSettings`` from the ``eval`` config node (keys that are not settings are ignored)."""
+    """``EvalSettings`` from the ``eval`` config node (keys that are not settings are ignored). In ``rlexp eval``
+    the whole config is checked first (``schema.validate_eval``: unknown keys, the device, eval.ks against
+    eval.n), before any benchmark or model loads; the train app has checked its own in ``schema.validate``."""
     from dataclasses import fields
 
     from omegaconf import OmegaConf
 
+    _validate_eval_app(cfg_eval)
     names = {f.name for f in fields(EvalSettings)}
     values = {k: v for k, v in OmegaConf.to_container(cfg_eval, resolve=True).items() if k in names}
     return EvalSettings(**{**values, "seed": seed})
 
 
+def _validate_eval_app(node) -> None:
+    """``schema.validate_eval`` on the whole config of ``rlexp eval`` that ``node`` belongs to (nothing for a node of
+    the train app, which ``schema.validate`` has checked, or a plain one)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from rlexp.config.schema import EvalAppConfig, validate_eval
+
+    root = node._get_root() if isinstance(node, DictConfig) else None
+    if root is not None and OmegaConf.get_type(root) is EvalAppConfig:
+        validate_eval(root)
+
+
 def build_benchmarks(cfg_benchmark) -> dict[str, Benchmark]:
-    """Instantiate every entry under ``benchmark`` (its key is its name)."""
+    """Instantiate every entry under ``benchmark`` (its key is its name); in ``rlexp eval`` after the config's
+    checks (``_validate_eval_app``)."""
     from hydra.utils import instantiate
     from omegaconf import DictConfig
+
+    _validate_eval_app(cfg_benchmark)
 
     if not cfg_benchmark:
         raise ValueError("benchmark: no benchmark selected (e.g. benchmark=offline or benchmark=[gsm8k,math500])")

@@ -54,9 +54,11 @@ def test_pass_at_k_is_stable_for_large_n():
 
 def test_resolve_ks_keeps_k_le_n():
     assert resolve_ks(None, 4) == [1, 2, 3, 4]
-    assert resolve_ks([1, 2, 4, 8, 16], 8) == [1, 2, 4, 8]
+    assert resolve_ks([8, 1, 2, 4, 2], 8) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="eval.ks"):
         resolve_ks([0, 1], 4)
+    with pytest.raises(ValueError, match=r"eval\.ks=\[1, 2, 4, 8, 16\]: k=16 is more than eval\.n=8"):
+        resolve_ks([1, 2, 4, 8, 16], 8)
 
 
 def test_majority_pick_with_ties():
@@ -120,13 +122,13 @@ def test_summarize_benchmark_metrics():
         correct_of,
         lengths=[[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]],
         truncated=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 1]],
-        ks=[1, 2, 8],
+        ks=[1, 2],
         maj_ks=[5],
         num_resamples=200,
     )
     assert m["pass_at_1"] == pytest.approx((0.4 + 0) / 2)
     assert m["pass_at_2"] == pytest.approx((0.7 + 0) / 2)
-    assert "pass_at_8" not in m  # k > n
+    assert "pass_at_8" not in m
     assert m["accuracy"] == pytest.approx(0.2)
     assert m["maj_at_5"] == 0.0  # problem 1: 3 votes for the wrong answer
     assert m["length/mean"] == 5.5 and m["length/median"] == 5.5
@@ -134,3 +136,11 @@ def test_summarize_benchmark_metrics():
     assert m["pass_at_1_ci_low"] <= m["accuracy"] <= m["pass_at_1_ci_high"]
     with pytest.raises(ValueError, match="same number of samples"):
         summarize([[1, 0], [1]])
+
+
+def test_a_k_above_n_is_an_error_not_a_missing_column():
+    # five samples per problem: pass@8 does not exist, and used to vanish from the table without a word
+    with pytest.raises(ValueError, match=r"^eval\.ks=\[1, 2, 8\]: k=8 is more than eval\.n=5 samples per problem"):
+        summarize([[1, 1, 0, 0, 0]], ks=[1, 2, 8], num_resamples=10)
+    with pytest.raises(ValueError, match=r"^eval\.maj_ks=\[6\]: k=6 is more than eval\.n=5"):
+        summarize([[1, 1, 0, 0, 0]], [[0, 0, 1, 1, 1]], [{0: 1.0, 1: 0.0}], maj_ks=[6], num_resamples=10)

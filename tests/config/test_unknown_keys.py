@@ -1,0 +1,85 @@
+"""A key the schema does not know, under a node it types itself, is refused in one line that names it and
+suggests the setting meant (issue 16: `+trainer.max_stepz=2` was accepted and ignored). The open nodes (model,
+dataset, reward, algorithm, rollout, tracker, optimizer, ...) still take new keys; every shipped config passes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlexp.config.paths import CONF_DIR
+from rlexp.config.schema import ConfigError, validate, validate_eval
+from tests.conftest import compose_train
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("+trainer.max_stepz=2", "trainer.max_stepz is not a setting of trainer; did you mean trainer.max_steps?"),
+        ("+eval.nn=3", "eval.nn is not a setting of eval; did you mean eval.n?"),
+        (
+            "+consistency.enabeld=true",
+            "consistency.enabeld is not a setting of consistency; did you mean consistency.enabled?",
+        ),
+        ("+trial.x=1", "trial.x is not a setting of trial (known: storage, study, number)"),
+        ("+run_nam=x", "run_nam is not a top-level key of the train config; did you mean run_name?"),
+    ],
+)
+def test_unknown_key_under_a_typed_node_is_refused(tiny_cfg, override, message):
+    cfg = tiny_cfg(override)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert str(e.value) == message
+
+
+def test_open_nodes_take_new_keys(tiny_cfg):
+    validate(
+        tiny_cfg(
+            "+algorithm.my_setting=1",
+            "+reward.terms.accuracy.extra=2",
+            "+model.revision=main",
+            "+dataset.options.flag=true",
+            "+optimizer.foreach=false",
+            "+benchmark=rg_chain_sum",
+        )
+    )
+
+
+def test_eval_app_refuses_unknown_keys():
+    cfg = compose_train(["+trainer.max_new_tokenz=5"], Path("/tmp/unused"), "eval")
+    with pytest.raises(ConfigError, match=r"^trainer\.max_new_tokenz is not a setting of trainer; did you mean "):
+        validate_eval(cfg)
+
+
+OPTIONS = [
+    [f"{g}={p.stem}", *(["dataset.path=x.jsonl"] if (g, p.stem) == ("dataset", "local") else [])]
+    for g in ["model", "dataset", "prompt", "reward", "algorithm", "rollout", "tracker", "optimizer", "sampler"]
+    for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))
+] + [[f"+{g}={p.stem}"] for g in ["experiment", "sweep"] for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("overrides", OPTIONS, ids=[" ".join(o) for o in OPTIONS])
+def test_every_shipped_config_passes_the_check(tiny_cfg, overrides):
+    validate(tiny_cfg(*overrides))
+
+
+def test_every_benchmark_passes_the_eval_check(tmp_path):
+    for p in sorted((Path(CONF_DIR) / "benchmark").glob("*.yaml")):
+        validate_eval(compose_train([f"benchmark={p.stem}"], tmp_path / "r", "eval"))
+
+
+def test_cli_says_it_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run(
+        [sys.executable, "-m", "rlexp", "train", "+trainer.max_stepz=2", f"hydra.run.dir={tmp_path}/run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: trainer.max_stepz is not a setting of trainer; did you mean trainer.max_steps?"
+    )
