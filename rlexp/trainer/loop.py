@@ -220,7 +220,8 @@ class Trainer:
 
     def sample(self, n_prompts: int) -> RolloutBatch:
         saved = self.sampler.batch_size
-        self.sampler.batch_size = n_prompts
+        # at most the training split: a refill never holds a prompt twice
+        self.sampler.batch_size = min(n_prompts, len(getattr(self.sampler, "records", None) or self.data.train))
         try:
             return self.rollout_and_score(self.sampler.next_batch())
         finally:
