@@ -1,6 +1,10 @@
-"""The reward stage: every term scores every sample; the weighted sum is the reward."""
+"""The reward stage: every term scores every sample; the weighted sum is the reward. A score that is not a finite
+number (NaN, ±inf, None from a group-aware term) stops the step before any update, naming the term and the sample
+(``NonFiniteRewardError``): it would otherwise poison the advantages and surface only as a non-finite gradient norm."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -25,6 +29,35 @@ def samples_of(batch: RolloutBatch) -> list[Sample]:
     ]
 
 
+class NonFiniteRewardError(FloatingPointError):
+    """A reward term gave a sample NaN, ±inf or something that is not a number; the message names both."""
+
+
+def _finite_scores(name: str, scores: list, batch: RolloutBatch) -> list[float]:
+    out, bad = [], []
+    for i, v in enumerate(scores):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = math.nan
+        if not math.isfinite(f):
+            bad.append(i)
+        out.append(f)
+    if bad:
+        i = bad[0]
+        group = int(batch.group_ids[i])
+        completion = sum(1 for j in range(i) if int(batch.group_ids[j]) == group)
+        record = batch.records[i] if batch.records else {}
+        question = str(record.get("question", ""))
+        question = repr(question if len(question) <= 60 else question[:57] + "...")
+        raise NonFiniteRewardError(
+            f"reward.terms.{name} returned {scores[i]!r} for sample {i} (completion {completion} of group {group}, "
+            f"record {record.get('id')!r}, question {question}); {len(bad)} of {len(scores)} samples are not finite "
+            "numbers (a reward function may return None for 'does not apply', scored 0)"
+        )
+    return out
+
+
 def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
     if not terms:
         raise ValueError("reward.terms is empty: configure at least one reward term")
@@ -34,12 +67,15 @@ def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
         res = term(samples)
         if len(res.scores) != len(samples):
             raise ValueError(f"reward term {name!r} returned {len(res.scores)} scores for {len(samples)} samples")
-        cols.append(res.scores)
+        cols.append(_finite_scores(name, res.scores, batch))
         fails.append(res.failures or [False] * len(samples))
     device = batch.completion_ids.device
     batch.rewards = torch.tensor(cols, dtype=torch.float32, device=device).T.contiguous()
     batch.reward_failures = torch.tensor(fails, dtype=torch.bool, device=device).T.contiguous()
     batch.reward_names = list(terms)
+    for name, t in terms.items():
+        if not math.isfinite(t.weight):
+            raise NonFiniteRewardError(f"reward.terms.{name}.weight={t.weight}: must be a finite number")
     batch.reward_weights = torch.tensor([t.weight for t in terms.values()], dtype=torch.float32, device=device)
     batch.reward = batch.rewards @ batch.reward_weights
     return batch
