@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -10,6 +11,9 @@ class PromptFormat:
     system_prompt: str
     instruction: str = ""
     answer_format: str = "hash"
+    # the run's prompt-length limit (rlexp.data.lengths.PromptLimit), attached by the trainer at its first step:
+    # render() then fits every prompt within it (or refuses it); None: rendered whole
+    limit: Any = field(default=None, repr=False, compare=False)
 
     def messages(self, question: str) -> list[dict]:
         user = f"{question}\n{self.instruction}".strip() if self.instruction else question
@@ -17,4 +21,10 @@ class PromptFormat:
         return msgs + [{"role": "user", "content": user}]
 
     def render(self, tokenizer, question: str) -> str:
+        if self.limit is not None:
+            return self.limit.fit(tokenizer, self, question)
+        return self.render_full(tokenizer, question)
+
+    def render_full(self, tokenizer, question: str) -> str:
+        """The chat-templated prompt of ``question``, whatever its length."""
         return tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)

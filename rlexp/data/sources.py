@@ -101,7 +101,7 @@ def gsm8k(
                 "question": question,
                 "answer": gold,
                 "scorer": "math",
-                "metadata": {"solution": solution},
+                "metadata": {"solution": solution, "source": source, "row": i + 1},
             }
         )
     return _split(name, records, eval_size, seed, train_size)
@@ -129,7 +129,7 @@ def local_file(
             "question": cell_text(r, question_column, source, i, numbers=False),
             "answer": cell_text(r, answer_column, source, i),
             "scorer": scorer,
-            "metadata": {},
+            "metadata": {"source": source, "row": i + 1},  # where the row is, for messages (data.lengths.where)
         }
         for i, r in enumerate(rows)
     ]

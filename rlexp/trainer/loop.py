@@ -185,6 +185,12 @@ class Trainer:
     # ---- one step, stage by stage -------------------------------------------------------------
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
         G = self.num_generations
+        from rlexp.data.lengths import prompt_limit
+
+        # trainer.max_prompt_length / overlong_prompts: both splits measured at the first call, before generating
+        limit = prompt_limit(self)
+        if limit is not None:
+            records = limit.select(self.sampler, self.tok, self.prompt_format, records)
         prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
         with (
             torch.autocast(
