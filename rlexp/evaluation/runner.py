@@ -153,6 +153,7 @@ class BenchmarkEvaluator:
         greedy = (n == 1) if s.greedy is None else s.greedy
         log.info("eval %s: %d problems x %d %s samples", bench.name, len(records), n, "greedy" if greedy else "sampled")
         max_new = s.max_new_tokens or bench.max_new_tokens
+        check_prompt_lengths(bench.name, records, prompts, model, tokenizer, max_new or self.rollout.max_new_tokens)
         texts, lengths, truncated = [], [], []
         bars = bars or Bars(enabled=False)
         task = bars.add(f"eval {bench.name}", len(prompts), unit=" problems")
@@ -244,6 +245,30 @@ class BenchmarkEvaluator:
                 }
             )
         return metrics, rows
+
+
+def check_prompt_lengths(name: str, records: list[dict], prompts: list[str], model, tokenizer, max_new: int) -> None:
+    """Refuse, before generating, a problem whose prompt does not leave ``max_new`` tokens in the model's context
+    (issue 16: it was generated past the context); one line naming the benchmark, the problem and both lengths."""
+    from rlexp.config.schema import ConfigError
+    from rlexp.data.lengths import model_context
+
+    context = model_context(model)
+    if not context or not prompts:
+        return
+    room = context - max_new
+    near = [i for i, p in enumerate(prompts) if len(p.encode("utf-8")) > room - 16]  # a token is at least a byte
+    if not near:
+        return
+    ids = tokenizer([prompts[i] for i in near], add_special_tokens=False)["input_ids"]
+    over = [(i, len(x)) for i, x in zip(near, ids) if len(x) > room]
+    if over:
+        i, tokens = over[0]
+        raise ConfigError(
+            f"benchmark.{name} problem {records[i].get('id')!r}: its prompt is {tokens} tokens, more than the "
+            f"model's context of {context} tokens minus {max_new} new tokens ({len(over)} of {len(prompts)} problems "
+            "are; lower eval.max_new_tokens or evaluate a model with a longer context)"
+        )
 
 
 def settings_from_config(cfg_eval, seed: int) -> EvalSettings:
