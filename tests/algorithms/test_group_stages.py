@@ -258,14 +258,18 @@ def test_remax_one_sample_and_one_greedy_completion_per_prompt_by_hand():
     assert remax(out).tolist() == [0.0, -1.0, 1.0]
 
 
-def test_remax_config_samples_one_completion_per_prompt(tiny_cfg):
+def test_remax_config_samples_one_completion_per_prompt(tiny_cfg, tmp_path):
     from rlexp.runs.training import run
     from tests.algorithms.varying_reward import VARYING
+    from tests.conftest import TINY, compose_train
 
     fast = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=4"]
     m = run(tiny_cfg(*VARYING, *fast, "algorithm=remax")).metrics
     assert m["batch/completions"] == 2.0  # trainer.prompts_per_step = 2 prompts × 1 sample (not × 4)
     assert m["advantage/mean"] == pytest.approx(m["reward/mean"] - m["remax/greedy_reward_mean"], abs=1e-6)
-    shared = run(tiny_cfg(*VARYING, *fast, "algorithm=remax", "algorithm.num_generations=null", "trainer.resume=false"))
+    # a second run in a directory of its own (trainer.resume=false where a run is would be refused)
+    shared = run(
+        compose_train([*TINY, *VARYING, *fast, "algorithm=remax", "algorithm.num_generations=null"], tmp_path / "g4")
+    )
     shared = shared.metrics
     assert shared["batch/completions"] == 8.0  # the previous default: G = 4 samples share one greedy baseline
