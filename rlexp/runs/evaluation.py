@@ -64,7 +64,9 @@ def run_eval(cfg: DictConfig):
 
     t = cfg.trainer
     if cfg.eval.temperature is None or cfg.eval.temperature <= 0:
-        raise ValueError(f"eval.temperature={cfg.eval.temperature}: must be > 0")
+        from rlexp.config.schema import ConfigError
+
+        raise ConfigError(f"eval.temperature={cfg.eval.temperature}: must be > 0")
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
     prov = write_provenance(cfg, run_dir)

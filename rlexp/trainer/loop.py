@@ -382,17 +382,17 @@ class Trainer:
         else:  # a fresh run, or a copy of a run: new tracker runs (rlexp.runs.identity)
             tracker_ids = None
         ids = self.tracker.start(self.run_name, self.config, self.params, self.tags, tracker_ids)
-        self._save_tracker_ids(ids)
-        if not tracker_ids:
-            self._log_config_artifacts()
-        self.jsonl.start(self.run_name, self.config, self.params, self.tags)
-        last_logged = self.jsonl.last_step()
-        if resumed and last_logged > 0:  # steps logged to the JSONL but not to a tracker (a kill; a copied run)
-            from rlexp.tracking.base import read_jsonl
-
-            self.tracker.backfill(read_jsonl(self.jsonl.path))
         status = "FAILED"
-        try:
+        try:  # from here the tracker run exists: whatever fails ends it with a status
+            self._save_tracker_ids(ids)
+            if not tracker_ids:
+                self._log_config_artifacts()
+            self.jsonl.start(self.run_name, self.config, self.params, self.tags)
+            last_logged = self.jsonl.last_step()
+            if resumed and last_logged > 0:  # steps logged to the JSONL but not to a tracker (a kill; a copy)
+                from rlexp.tracking.base import read_jsonl
+
+                self.tracker.backfill(read_jsonl(self.jsonl.path))
             result = self._loop(start_step, last_logged, ids)
             status = "FINISHED"
             return result
