@@ -213,6 +213,9 @@ class RLExpOptunaSweeperConf:
     # config has it with those three keys (rlexp train: `trial`); apps without it get no such override
     # (then jobs cannot report intermediate values, so nothing is pruned)
     trial_key: Optional[str] = "trial"
+    # refuse, before the first trial, an objective / report_metric that the jobs surely do not return
+    # (rlexp train: checked against the metric names its composed config produces; other apps: no check)
+    check_objective: bool = True
 
 
 def register_configs() -> None:

@@ -32,6 +32,7 @@ class RLExpOptunaSweeper(Sweeper):
         trial_key: str | None = "trial",
         search_space: DictConfig | None = None,
         keep_weights: str = "best",
+        check_objective: bool = True,
     ) -> None:
         self.settings = OmegaConf.create(
             {
@@ -53,6 +54,7 @@ class RLExpOptunaSweeper(Sweeper):
                 "trial_key": trial_key,
                 "search_space": search_space,
                 "keep_weights": keep_weights,
+                "check_objective": check_objective,
             }
         )
         self.config: DictConfig | None = None
@@ -71,6 +73,13 @@ class RLExpOptunaSweeper(Sweeper):
 
         from rlexp.sweeping.runner import OptunaSweep
 
-        assert self.config is not None and self.launcher is not None
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         sequential = isinstance(self.launcher, BasicLauncher)
-        return OptunaSweep(self.settings, self.config, self.launcher, sequential=sequential).run(arguments)
+        loader, config = self.hydra_context.config_loader, self.config
+
+        def compose(overrides: list[str]) -> DictConfig:  # a job's config, as the launcher composes it
+            return loader.load_sweep_config(config, list(overrides))
+
+        return OptunaSweep(self.settings, self.config, self.launcher, sequential=sequential, compose=compose).run(
+            arguments
+        )

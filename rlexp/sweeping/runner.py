@@ -6,7 +6,12 @@ job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` t
   in this process, one at a time.
 - Study-wide budget: ``n_trials`` counts every trial of the study, so a re-run (resume) or a second
   worker on the same storage only adds what is missing; trial number = Hydra job number, so job
-  folders keep counting.
+  folders keep counting. A trial left RUNNING by a killed worker is failed as interrupted and run again
+  (``rlexp.sweeping.trials``); a worker that has nothing left to launch first makes sure that every trial
+  still RUNNING has a live worker.
+- Checked before the first trial: the search space's bounds (``search_space``), the objective names
+  against the metrics the jobs will return (``metric_names``, rlexp train only), and that a re-run of a
+  study keeps its fixed settings (the plain overrides, stored as the study's user attr ``fixed_settings``).
 - A job whose config has the ``trial_key`` node (rlexp train: ``trial``) learns which trial it is from
   ``trial.storage/study/number`` overrides and reports its metric to the trial at every step
   (``rlexp.sweeping.callback``); any other Hydra app gets only its parameters. A job its pruner stopped
@@ -16,6 +21,8 @@ job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
@@ -23,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -33,6 +41,7 @@ from optuna.trial import Trial, TrialState
 
 from rlexp.core.progress import Bars
 from rlexp.sweeping import trials as tr
+from rlexp.sweeping.metric_names import ProducedMetrics, check_metric_name, produced_metrics
 from rlexp.sweeping.objectives import as_list, metric_key, objective_values
 from rlexp.sweeping.retention import KEEP_WEIGHTS, prune_weights
 from rlexp.sweeping.search_space import build_search_space, format_value, grid_points, range_values
@@ -52,6 +61,11 @@ log = logging.getLogger(__name__)
 FIXED_SEQUENCE = (GRID, "optuna.samplers.QMCSampler")
 NOP = "optuna.pruners.NopPruner"
 STUDY_ATTRS = ("objectives", "report_metric", "pruner")
+FIXED_ATTR = "fixed_settings"
+# searched keys that can change which metrics a train job returns (probed for the objective check)
+METRIC_KEYS = ("reward", "eval", "benchmark", "trainer.accuracy_term")
+MAX_PROBES = 24
+SETTLE_POLL_S = 2.0
 
 
 @dataclass
@@ -99,9 +113,53 @@ def error_text(e: BaseException) -> tuple[str, str]:
     return f"{type(e).__name__}: {e}"[:2000], tb[-8000:]
 
 
+def fixed_settings(fixed: dict[str, Any]) -> dict[str, str]:
+    """The plain (not searched) overrides every trial gets, as stored on the study: ``+key`` and ``++key`` are
+    ``key``."""
+    return {k.lstrip("+"): str(v) for k, v in sorted(fixed.items())}
+
+
+def settings_tag(fixed: dict[str, str]) -> str:
+    return hashlib.sha1(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _shorten(value: Any, n: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def settings_diff(old: dict[str, str], new: dict[str, str], limit: int = 6) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    shown = [f"{k}: {_shorten(old.get(k, '(not set)'))} -> {_shorten(new.get(k, '(not set)'))}" for k in keys[:limit]]
+    if len(keys) > limit:
+        shown.append(f"... {len(keys) - limit} more")
+    return ", ".join(shown)
+
+
+def _metric_key_searched(key: str) -> bool:
+    key = key.lstrip("+~")
+    return any(key == k or key.startswith(k + ".") for k in METRIC_KEYS)
+
+
+def probe_values(dist: BaseDistribution) -> list:
+    """Values of a searched parameter to compose the config with: every choice, or both bounds."""
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    return [dist.low, dist.high]
+
+
 class OptunaSweep:
-    def __init__(self, settings: DictConfig, config: DictConfig, launcher, sequential: bool):
-        self.s, self.config, self.launcher = settings, config, launcher
+    def __init__(
+        self,
+        settings: DictConfig,
+        config: DictConfig,
+        launcher,
+        sequential: bool,
+        compose: Callable[[list[str]], DictConfig] | None = None,
+    ):
+        """``compose(overrides)``: a job's config for these overrides (Hydra's ``load_sweep_config``), used
+        to check the objectives before the first trial; None skips that check."""
+        self.s, self.config, self.launcher, self.compose = settings, config, launcher, compose
         if settings.get("keep_weights", "best") not in KEEP_WEIGHTS:
             raise SweepConfigError(
                 f"hydra.sweeper.keep_weights={settings.keep_weights!r} is not one of {list(KEEP_WEIGHTS)}"
@@ -196,16 +254,72 @@ class OptunaSweep:
                 f"hydra.sweeper.direction={self.directions}: study {self.study_name!r} in "
                 f"{redact(self.storage_url)} was created with {existing}; use another study_name"
             )
+        self.check_fixed_settings(study)
         for key, value in zip(STUDY_ATTRS, (self.objectives, self.report_metric, self.pruner_cfg)):
             study.set_user_attr(key, value)
         return study
+
+    def check_fixed_settings(self, study: optuna.Study) -> None:
+        """A study keeps its fixed settings: a re-run (or another worker) with other plain overrides would mix
+        trials of two experiments in one study, so it is refused, naming the keys and a new study name. A study
+        without trials (or from before the settings were stored) takes this run's."""
+        fixed = fixed_settings(self.fixed)
+        stored = study.user_attrs.get(FIXED_ATTR)
+        if stored is not None and stored != fixed and self.storage.get_n_trials(study._study_id) > 0:
+            name = f"{self.study_name}-{settings_tag(fixed)}"
+            new_dir = "" if Path(self.sweep_dir).name == self.study_name else " and a new hydra.sweep.dir"
+            raise SweepConfigError(
+                f"hydra.sweeper.study_name={self.study_name}: the study in {redact(self.storage_url)} was run with "
+                f"other fixed settings ({settings_diff(stored, fixed)}); re-run with its settings to resume it, or "
+                f"start a new study: hydra.sweeper.study_name={name}{new_dir}"
+            )
+        if stored != fixed:
+            study.set_user_attr(FIXED_ATTR, fixed)
+
+    # ---- objectives vs the metrics the jobs return ------------------------------------------------
+    def produced(self) -> ProducedMetrics | None:
+        """What decides the metric names of this sweep's train jobs: the job config with the fixed overrides,
+        joined over each value (bounds) of a searched key that can change them (reward, eval, benchmark);
+        None when the app is not ``rlexp train`` or its config cannot be composed here (the job reports that)."""
+        assert self.compose is not None
+        base = [f"{k}={v}" for k, v in self.fixed.items()]
+        try:
+            out = produced_metrics(self.compose(base))
+        except Exception as e:
+            log.debug("objective check skipped: the job config does not compose here (%s)", e)
+            return None
+        if out is None:
+            return None
+        probes = [(k, v) for k, dist in self.space.items() if _metric_key_searched(k) for v in probe_values(dist)]
+        for key, value in probes[:MAX_PROBES]:
+            try:
+                out = out.union(produced_metrics(self.compose([*base, f"{key}={format_value(value)}"])))
+            except Exception:  # that trial fails on its own, saying why
+                continue
+        return out
+
+    def check_objectives(self) -> None:
+        """Refuse, before any trial, an objective (or report_metric) that the jobs will surely not return."""
+        if self.compose is None or not self.s.get("check_objective", True):
+            return
+        names = [("hydra.sweeper.objective", o) for o in as_list(self.s.get("objective"))]
+        if self.s.get("report_metric"):
+            names.append(("hydra.sweeper.report_metric", self.s.report_metric))
+        if not names:
+            return
+        produced = self.produced()
+        if produced is None:
+            return
+        for key, name in names:
+            check_metric_name(str(name), produced, key)
 
     # ---- one trial ------------------------------------------------------------------------------
     def ask(self, study: optuna.Study) -> Trial | None:
         """A new trial, or None once the study holds ``n_trials`` trials (counted across workers)."""
         with storage_lock(self.storage_url):
             existing = self.storage.get_all_trials(study._study_id, deepcopy=False)
-            if tr.counted(existing) >= self.n_trials:
+            waiting = any(t.state == TrialState.WAITING for t in existing)  # retries: already counted, never dropped
+            if tr.counted(existing) >= self.n_trials and not waiting:
                 return None
             expected = len(existing)
             if self.per_trial_seed:
@@ -302,12 +416,44 @@ class OptunaSweep:
     def failure_budget_left(self) -> bool:
         return self.state.failures <= self.s.max_failure_rate * self.n_trials
 
-    def recover(self, study) -> None:
+    def recover(self, study) -> list[int]:
         """Retry the trials of workers that died (at start, then at most once per heartbeat interval)."""
         self._last_recovery = time.time()
         recovered = tr.recover_stale(study, self.grace)
         if recovered:
             log.info("re-enqueued interrupted trials %s", recovered)
+        return recovered
+
+    def settle(self, study) -> bool:
+        """Nothing left to launch: before this worker stops, every trial still RUNNING must have a live worker.
+        On this machine the owner process tells at once; a trial of another machine must show a new heartbeat
+        (waits up to ``heartbeat_interval``) or is retried once silent for ``grace_period``. True when trials
+        were enqueued again (the loop goes on)."""
+        first_beat: dict[int, float] = {}
+        announced = False
+        while True:
+            if self.recover(study):
+                return True
+            running = self.storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            pending = []
+            for t in running:
+                if tr.owner_alive(t.system_attrs.get(tr.OWNER)) is not None:
+                    continue  # a live worker on this machine (a dead one was just recovered)
+                beat = tr.last_beat(t)
+                if beat > first_beat.setdefault(t._trial_id, beat):
+                    continue  # it beat since: its worker lives
+                pending.append(t.number)
+            if not pending:
+                return False
+            if not announced:
+                log.info(
+                    "waiting for a heartbeat of trial(s) %s of other machines (they are retried here once silent "
+                    "for hydra.sweeper.grace_period=%gs)",
+                    pending,
+                    self.grace,
+                )
+                announced = True
+            time.sleep(min(SETTLE_POLL_S, max(self.s.heartbeat_interval, 0.05)))
 
     def start(self, study, heartbeat) -> tuple[Trial, list[str]] | None:
         if not self.failure_budget_left():
@@ -340,6 +486,7 @@ class OptunaSweep:
         self.space, self.fixed = build_search_space(params, arguments)
         if not self.space and self.hook is None:  # as upstream: n_trials jobs of the fixed config
             log.info("empty search space: each trial runs the config as given")
+        self.check_objectives()
         self.n_trials = self.s.n_trials
         if self.sampler_cfg._target_ == GRID:
             self.grid = grid_points(self.space, range_values(params, arguments))
@@ -385,10 +532,12 @@ class OptunaSweep:
 
     def _loop(self, study, heartbeat) -> None:
         if self.in_flight == 1:
-            while (started := self.start(study, heartbeat)) is not None:
-                trial, overrides = started
-                self.finish(study, heartbeat, trial, self.launch(overrides, trial.number))
-            return
+            while True:
+                while (started := self.start(study, heartbeat)) is not None:
+                    trial, overrides = started
+                    self.finish(study, heartbeat, trial, self.launch(overrides, trial.number))
+                if not self.failure_budget_left() or not self.settle(study):
+                    return
         futures: dict = {}
         exhausted = False
         with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="rlexp-trial") as pool:
@@ -401,7 +550,10 @@ class OptunaSweep:
                     trial, overrides = started
                     futures[pool.submit(self.launch, overrides, trial.number)] = trial
                 if not futures:
-                    return
+                    if not self.failure_budget_left() or not self.settle(study):
+                        return
+                    exhausted = False
+                    continue
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
                 for fut in done:
                     self.finish(study, heartbeat, futures.pop(fut), fut.result())

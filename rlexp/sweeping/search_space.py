@@ -19,6 +19,10 @@ anything else (``x=5``)                a fixed value passed to every trial, not 
 The grid sampler enumerates each parameter (``grid_points``): ``range(a, b, step)`` gives Hydra's own
 range values, ``b`` *excluded* (upstream's grid points whenever ``b - a`` is a whole number of steps);
 other discrete distributions give every value from low to high, both included.
+
+Bounds are checked when the space is built, before any trial: an inverted ``interval``/``range``, a log scale
+whose lower bound is not positive (int: below 1), a step that is not positive raise one line naming the
+parameter and where it was written (``hydra.sweeper.params.<key>`` or the command-line override).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+PARAMS = "hydra.sweeper.params."
 
 
 class SearchSpaceError(ValueError):
@@ -45,11 +51,51 @@ def _choices(override: Override, name: str) -> list:
     return out
 
 
-def distribution_from_override(override: Override) -> BaseDistribution | Any:
-    """The distribution of one parsed override, or its plain value when it is not a sweep."""
+def check_bounds(low: float, high: float, log: bool = False, step: float | None = None, kind: str = "float") -> None:
+    """Raise ``SearchSpaceError`` (the reason only; callers prefix the parameter) for bounds Optuna would refuse
+    with a message that does not name the parameter."""
+    if log and kind == "int" and low < 1:
+        raise SearchSpaceError(f"a log scale over integers needs a lower bound >= 1 (got {low})")
+    if log and low <= 0:
+        raise SearchSpaceError(f"a log scale needs a lower bound > 0 (got {low})")
+    if low > high:
+        raise SearchSpaceError(f"the lower bound {low} is above the upper bound {high}")
+    if step is not None and not step > 0:
+        raise SearchSpaceError(f"the step must be > 0 (got {step})")
+
+
+def _int_distribution(low: int, high: int, log: bool = False, step: int = 1) -> IntDistribution:
+    check_bounds(low, high, log, None if log else step, kind="int")
+    return IntDistribution(low, high, log=log, step=step)
+
+
+def _float_distribution(low: float, high: float, log: bool = False, step: float | None = None) -> FloatDistribution:
+    check_bounds(low, high, log, step)
+    return FloatDistribution(low, high, log=log, step=step)
+
+
+def _override_value_text(override: Override) -> str:
+    line = override.input_line or ""
+    return line.split("=", 1)[1] if "=" in line else line
+
+
+def distribution_from_override(override: Override, where: str = "") -> BaseDistribution | Any:
+    """The distribution of one parsed override, or its plain value when it is not a sweep. An invalid one
+    raises ``SearchSpaceError`` naming ``<where><key>=<sweep>`` (``where``: ``hydra.sweeper.params.`` for an
+    entry of ``params``, empty for the command line)."""
     name = override.get_key_element()
     if not override.is_sweep_override():
         return override.value()
+    try:
+        return _sweep_distribution(override, name)
+    except (SearchSpaceError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if reason.startswith(f"{name}: "):  # _choices already named it
+            reason = reason[len(name) + 2 :]
+        raise SearchSpaceError(f"{where}{name}={_override_value_text(override)}: {reason}") from None
+
+
+def _sweep_distribution(override: Override, name: str) -> BaseDistribution:
     value = override.value()
     if override.is_choice_sweep():
         assert isinstance(value, ChoiceSweep)
@@ -59,15 +105,15 @@ def distribution_from_override(override: Override) -> BaseDistribution | Any:
         if value.shuffle:
             return CategoricalDistribution(_choices(override, name))
         if any(isinstance(v, float) for v in (value.start, value.stop, value.step)):
-            return FloatDistribution(float(value.start), float(value.stop), step=float(value.step))
-        return IntDistribution(int(value.start), int(value.stop), step=int(value.step))
+            return _float_distribution(float(value.start), float(value.stop), step=float(value.step))
+        return _int_distribution(int(value.start), int(value.stop), step=int(value.step))
     if override.is_interval_sweep():
         assert isinstance(value, IntervalSweep)
         log = "log" in value.tags
         if isinstance(value.start, int) and isinstance(value.end, int):
-            return IntDistribution(value.start, value.end, log=log)
-        return FloatDistribution(float(value.start), float(value.end), log=log)
-    raise SearchSpaceError(f"{name}: unsupported sweep {override.input_line!r}")
+            return _int_distribution(value.start, value.end, log=log)
+        return _float_distribution(float(value.start), float(value.end), log=log)
+    raise SearchSpaceError(f"unsupported sweep {override.input_line!r}")
 
 
 def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> BaseDistribution:
@@ -86,13 +132,17 @@ def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> BaseDistributi
     if spec.get("low") is None or spec.get("high") is None:
         raise SearchSpaceError(f"{name}: an {kind} distribution needs 'low' and 'high'")
     log, step = bool(spec.get("log", False)), spec.get("step")
-    if kind == "int":
+    try:
+        if kind == "int":
+            if log:
+                return _int_distribution(int(spec["low"]), int(spec["high"]), log=True)
+            return _int_distribution(int(spec["low"]), int(spec["high"]), step=int(step if step is not None else 1))
         if log:
-            return IntDistribution(int(spec["low"]), int(spec["high"]), log=True)
-        return IntDistribution(int(spec["low"]), int(spec["high"]), step=int(step or 1))
-    if log:
-        return FloatDistribution(float(spec["low"]), float(spec["high"]), log=True)
-    return FloatDistribution(float(spec["low"]), float(spec["high"]), step=None if step is None else float(step))
+            return _float_distribution(float(spec["low"]), float(spec["high"]), log=True)
+        return _float_distribution(float(spec["low"]), float(spec["high"]), step=None if step is None else float(step))
+    except (SearchSpaceError, ValueError, TypeError) as e:
+        shown = ", ".join(f"{k}: {v}" for k, v in {"type": kind, **spec}.items())
+        raise SearchSpaceError(f"{name}: {{{shown}}}: {str(e).splitlines()[0]}") from None
 
 
 def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], dict[str, BaseDistribution]]:
@@ -101,11 +151,11 @@ def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], di
     for key, value in (params or {}).items():
         if isinstance(value, (DictConfig, dict)):
             explicit[str(key)] = distribution_from_dict(
-                str(key), OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+                f"{PARAMS}{key}", OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
             )
         elif isinstance(value, (ListConfig, list)):
             raise SearchSpaceError(
-                f"hydra.sweeper.params.{key}: a list is not a search space; "
+                f"{PARAMS}{key}: a list is not a search space; "
                 "write choice(...) or an explicit {type: categorical, choices: [...]}"
             )
         else:
@@ -114,9 +164,11 @@ def params_to_overrides(params: Mapping[str, Any] | None) -> tuple[list[str], di
 
 
 def _entries(params: Mapping[str, Any] | None, arguments: list[str]):
-    """The explicit distributions of ``params``, then its overrides and the command line's, parsed."""
+    """The explicit distributions of ``params``, then its overrides and the command line's, parsed, each
+    with where it was written (``hydra.sweeper.params.`` or the command line: empty)."""
     lines, explicit = params_to_overrides(params)
-    return explicit, OverridesParser.create().parse_overrides(lines + list(arguments))
+    overrides = OverridesParser.create().parse_overrides(lines + list(arguments))
+    return explicit, [(o, PARAMS if i < len(lines) else "") for i, o in enumerate(overrides)]
 
 
 def build_search_space(
@@ -127,9 +179,9 @@ def build_search_space(
     explicit, overrides = _entries(params, arguments)
     space: dict[str, BaseDistribution] = dict(explicit)
     fixed: dict[str, Any] = {}
-    for override in overrides:
+    for override, where in overrides:
         key = override.get_key_element()
-        value = distribution_from_override(override)
+        value = distribution_from_override(override, where)
         space.pop(key, None)
         fixed.pop(key, None)
         if isinstance(value, BaseDistribution):
@@ -144,7 +196,7 @@ def range_values(params: Mapping[str, Any] | None, arguments: list[str]) -> dict
     sweeper would run them; keys whose last entry is not a ``range`` are left out."""
     _, overrides = _entries(params, arguments)
     out: dict[str, list] = {}
-    for override in overrides:
+    for override, _where in overrides:
         key = override.get_key_element()
         out.pop(key, None)
         value = override.value() if override.is_sweep_override() else None

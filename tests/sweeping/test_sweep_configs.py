@@ -140,3 +140,38 @@ def test_ready_sweep_runs_two_trials_on_the_tiny_model(name, tmp_path, monkeypat
             assert t.user_attrs["derived"] == {"trainer.prompts_per_step": 8 // g}
             job = OmegaConf.load(Path(t.user_attrs["job_dir"]) / "config.yaml")
             assert (job.trainer.prompts_per_step, job.trainer.num_generations) == (8 // g, g)
+
+
+def test_a_ready_sweep_rerun_with_other_fixed_settings_is_refused(tmp_path, monkeypatch, capfd):
+    """Issue 16: `rlexp train -m +sweep=<name>` keeps one study per name; re-run with another fixed setting, it
+    would add trials of another experiment to it. Refused before any trial, in one line naming the differing
+    keys and a new study name; the same settings resume it."""
+    from rlexp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    base = ["train", "-m", "+sweep=grpo_lr_clip", f"hydra.sweep.dir={tmp_path}/s", *TINY]
+    base += ["trainer.num_generations=2", "trainer.max_new_tokens=4", "hydra.sweeper.n_trials=1"]
+    storage = f"sqlite:///{tmp_path}/s/grpo_lr_clip.db"
+    threads = torch.get_num_threads()
+    try:
+        main(base)
+        fixed = optuna.load_study(study_name="grpo_lr_clip", storage=storage).user_attrs["fixed_settings"]
+        assert fixed["sweep"] == "grpo_lr_clip" and fixed["model"] == "tiny" and fixed["trainer.max_new_tokens"] == "4"
+        assert not any(k.startswith("hydra.") for k in fixed)  # n_trials and the other sweeper settings may change
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main([*base, "trainer.max_new_tokens=6", "dataset.train_size=64"])
+        assert e.value.code == 2
+        err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and err[0].startswith(
+            f"error: hydra.sweeper.study_name=grpo_lr_clip: the study in {storage} was run with other fixed settings "
+            "(dataset.train_size: 32 -> 64, trainer.max_new_tokens: 4 -> 6); re-run with its settings to resume it, "
+            "or start a new study: hydra.sweeper.study_name=grpo_lr_clip-"
+        ), err
+        assert len(optuna.load_study(study_name="grpo_lr_clip", storage=storage).trials) == 1
+        main([*base[:-1], "hydra.sweeper.n_trials=2"])  # the same fixed settings: resumed, one more trial
+    finally:
+        torch.set_num_threads(threads)
+    trials = optuna.load_study(study_name="grpo_lr_clip", storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2

@@ -375,3 +375,177 @@ def test_the_deprecated_search_space_key(tmp_path):
         sweep, _ = make_sweep(tmp_path / "both", lambda v: {"score": v["x"]}, search_space=explicit, n_trials=2)
         sweep.run([])
     assert all(0 <= t.params["x"] <= 1 for t in load(tmp_path / "both").trials)  # params' interval(0, 1)
+
+
+# ---- issue 16: stale trials, fixed settings, objectives checked before the first trial ----------------------
+def orphan(tmp_path, owner=None, beat=None):
+    """A RUNNING trial of study ``s`` as a killed (or another) worker leaves it: its parameter drawn, its
+    heartbeat and owner stamped."""
+    study = load(tmp_path)
+    trial = study.ask()
+    trial.suggest_float("x", 0, 1)
+    study._storage.set_trial_system_attr(trial._trial_id, tr.HEARTBEAT, time.time() if beat is None else beat)
+    if owner is not None:
+        study._storage.set_trial_system_attr(trial._trial_id, tr.OWNER, owner)
+    return trial
+
+
+def dead_owner() -> dict:
+    """The owner record of a sweep process on this machine that has ended."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    record = {**tr.owner_record(), "pid": proc.pid, "start": tr.process_start(proc.pid)}
+    proc.wait()
+    return record
+
+
+def test_a_sweep_killed_mid_trial_is_completed_by_an_immediate_rerun(tmp_path):
+    """The killed sweep's trial has a fresh heartbeat (well within the grace period) but its owner process on
+    this machine is gone: the re-run fails it as interrupted at once and runs its parameters again, so the
+    study ends with n_trials COMPLETE trials (before: the re-run exited 0 with the trial RUNNING forever)."""
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])
+    killed = orphan(tmp_path, owner=dead_owner())
+    sweep, launcher = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=2)  # grace period: 120 s
+    started = time.monotonic()
+    sweep.run([])
+    assert time.monotonic() - started < 30
+    trials = load(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].user_attrs["error"].startswith("interrupted: its sweep process (pid ")
+    assert trials[2].user_attrs["retry_of"] == 1 and trials[2].params == killed.params
+    assert launcher.launched == [2]
+
+
+def test_a_live_owner_on_this_machine_keeps_its_trial_whatever_its_heartbeat(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])
+    mine = orphan(tmp_path, owner=tr.owner_record(), beat=time.time() - 3600)
+    assert tr.recover_stale(load(tmp_path), grace_period=60) == []
+    assert load(tmp_path)._storage.get_trial(mine._trial_id).state == TrialState.RUNNING
+    reused = {**tr.owner_record(), "start": "1"}  # this pid, another start time: the owner died, its pid reused
+    orphan(tmp_path, owner=reused)
+    assert tr.recover_stale(load(tmp_path), grace_period=60) == [2]
+
+
+def test_a_silent_trial_of_another_machine_is_waited_for_then_retried(tmp_path):
+    """With nothing left to launch, a worker does not stop while a trial of another machine may be dead: that
+    one shows no new heartbeat, so once silent for grace_period it is retried here."""
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])
+    elsewhere = {"machine": "another-host|boot|pid:[1]", "pid": 1, "start": "1", "host": "another-host"}
+    orphan(tmp_path, owner=elsewhere)
+    sweep, launcher = make_sweep(
+        tmp_path, lambda v: {"score": v["x"]}, n_trials=2, heartbeat_interval=0.2, grace_period=1.0
+    )
+    sweep.run([])
+    trials = load(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].user_attrs["error"].startswith("interrupted: no heartbeat for")
+    assert launcher.launched == [2]
+
+
+def test_a_beating_trial_of_another_machine_is_left_to_its_worker(tmp_path):
+    sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
+    sweep.run([])
+    elsewhere = {"machine": "another-host|boot|pid:[1]", "pid": 1, "start": "1", "host": "another-host"}
+    other = orphan(tmp_path, owner=elsewhere)
+    stop = threading.Event()
+
+    def beat():  # the other machine's worker, alive
+        storage = load(tmp_path)._storage
+        while not stop.wait(0.1):
+            storage.set_trial_system_attr(other._trial_id, tr.HEARTBEAT, time.time())
+
+    beating = threading.Thread(target=beat)
+    beating.start()
+    try:
+        sweep, launcher = make_sweep(
+            tmp_path, lambda v: {"score": v["x"]}, n_trials=2, heartbeat_interval=0.2, grace_period=30.0
+        )
+        started = time.monotonic()
+        sweep.run([])
+    finally:
+        stop.set()
+        beating.join()
+    assert time.monotonic() - started < 10 and launcher.launched == []
+    assert load(tmp_path)._storage.get_trial(other._trial_id).state == TrialState.RUNNING
+
+
+def test_a_rerun_with_other_fixed_settings_is_refused_naming_the_keys(tmp_path):
+    job = lambda v: {"score": v["x"]}  # noqa: E731
+    sweep, _ = make_sweep(tmp_path, job, n_trials=1)
+    sweep.run(["model=tiny", "+trainer.max_steps=5"])
+    assert load(tmp_path).user_attrs["fixed_settings"] == {"model": "tiny", "trainer.max_steps": "5"}
+    sweep, launcher = make_sweep(tmp_path, job, n_trials=2)
+    with pytest.raises(SweepConfigError) as e:
+        sweep.run(["model=smollm2_135m", "optimizer.lr=1e-5"])
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(
+        f"hydra.sweeper.study_name=s: the study in {default_storage(tmp_path, 's')} was run with other fixed "
+        "settings (model: tiny -> smollm2_135m, optimizer.lr: (not set) -> 1e-05, trainer.max_steps: 5 -> (not set)); "
+        "re-run with its settings to resume it, or start a new study: hydra.sweeper.study_name=s-"
+    )
+    assert message.endswith(" and a new hydra.sweep.dir")  # this sweep dir is not named after the study
+    assert launcher.launched == [] and len(load(tmp_path).trials) == 1
+    new_name = message.split("hydra.sweeper.study_name=")[-1].split()[0]
+    sweep, launcher = make_sweep(tmp_path / "new", job, n_trials=1, study_name=new_name)
+    sweep.run(["model=smollm2_135m", "optimizer.lr=1e-5"])
+    assert launcher.launched == [0]
+    sweep, launcher = make_sweep(tmp_path, job, n_trials=2)  # the same settings (`+` or not): resumed
+    sweep.run(["trainer.max_steps=5", "model=tiny"])
+    assert launcher.launched == [1]
+
+
+def compose_train(overrides):
+    """rlexp train's job config for ``overrides``, as the sweeper's Hydra context composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlexp.config.paths import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def check(tmp_path, arguments, **kw):
+    """Run the sweep's pre-trial objective check for a train app with these command-line overrides."""
+    from rlexp.sweeping.search_space import build_search_space
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "job": {"name": "train"}}})
+    sweep = OptunaSweep(settings(**kw), config, None, sequential=True, compose=compose_train)
+    sweep.space, sweep.fixed = build_search_space(None, arguments)
+    sweep.check_objectives()
+
+
+def test_the_objective_is_checked_against_every_searched_reward_and_eval_setting(tmp_path):
+    from rlexp.sweeping.metric_names import MetricNameError
+
+    lr = "optimizer.lr=tag(log, interval(1e-6, 1e-4))"
+    check(tmp_path, [lr, "eval.size=choice(0, 4)"], objective="eval/accuracy")  # evaluated in some trials
+    check(tmp_path, [lr, "reward=choice(accuracy, length_penalty)"], objective="reward/length_penalty/mean")
+    check(tmp_path, [lr, "reward=length_penalty"], objective="reward/length_penalty/mean")
+    check(tmp_path, [lr], objective="reward/acc/mean", check_objective=False)
+    check(tmp_path, [lr, "+benchmark=offline"], objective="eval/rg_chain_sum/pass@1")
+    with pytest.raises(MetricNameError) as e:
+        check(tmp_path, [lr, "reward=accuracy"], objective="reward/length_penalty/mean")
+    assert str(e.value).startswith(
+        "hydra.sweeper.objective: 'reward/length_penalty/mean' is not a metric these trials return "
+        "(reward terms: ['accuracy']); closest: "
+    )
+    with pytest.raises(MetricNameError, match=r"^hydra.sweeper.report_metric: 'reward/maen' is not a metric"):
+        check(tmp_path, [lr], objective="reward/mean", report_metric="reward/maen")
+    with pytest.raises(MetricNameError, match=r"'eval/accuracy' needs evaluation"):
+        check(tmp_path, [lr, "eval.size=0"], objective="eval/accuracy")
+    with pytest.raises(MetricNameError, match=r"'eval/gsm8k/pass@1' is not a metric these trials return \(benchm"):
+        check(tmp_path, [lr, "+benchmark=offline"], objective="eval/gsm8k/pass@1")
+
+
+def test_an_app_that_is_not_rlexp_train_gets_no_objective_check(tmp_path):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "job": {"name": "app"}}})
+    sweep = OptunaSweep(settings(objective="anything"), config, None, sequential=True, compose=lambda o: config)
+    sweep.space, sweep.fixed = {}, {}
+    sweep.check_objectives()  # nothing to check against: the job's returned dict is read as before

@@ -143,3 +143,56 @@ def test_sampled_values_round_trip_through_the_override_parser():
     # a string choice with a space arrives escaped (as upstream) and parses back to itself
     choice = parse("k=choice('a b', c)").choices[0]
     assert parser.parse_overrides([f"k={format_value(choice)}"])[0].value() == "a b"
+
+
+@pytest.mark.parametrize(
+    "params,arguments,message",
+    [
+        (
+            None,
+            ["optimizer.lr=tag(log, interval(0, 1e-4))"],
+            "optimizer.lr=tag(log, interval(0, 1e-4)): a log scale needs a lower bound > 0 (got 0.0)",
+        ),
+        (
+            {"optimizer.lr": "tag(log, interval(-1e-5, 1e-4))"},
+            [],
+            "hydra.sweeper.params.optimizer.lr=tag(log, interval(-1e-5, 1e-4)): a log scale needs a lower bound > 0 "
+            "(got -1e-05)",
+        ),
+        (
+            {"algorithm.loss.eps_low": "interval(0.3, 0.1)"},
+            [],
+            "hydra.sweeper.params.algorithm.loss.eps_low=interval(0.3, 0.1): the lower bound 0.3 is above the upper "
+            "bound 0.1",
+        ),
+        (
+            None,
+            ["trainer.max_new_tokens=tag(log, int(interval(0, 64)))"],
+            "trainer.max_new_tokens=tag(log, int(interval(0, 64))): a log scale over integers needs a lower bound >= 1 "
+            "(got 0)",
+        ),
+        (
+            None,
+            ["trainer.num_generations=int(interval(8, 2))"],
+            "trainer.num_generations=int(interval(8, 2)): the lower bound 8 is above the upper bound 2",
+        ),
+        (None, ["x=range(5, 1)"], "x=range(5, 1): the lower bound 5 is above the upper bound 1"),
+        (
+            {"optimizer.lr": {"type": "float", "low": 0, "high": 1e-4, "log": True}},
+            [],
+            "hydra.sweeper.params.optimizer.lr: {type: float, low: 0, high: 0.0001, log: True}: a log scale needs a "
+            "lower bound > 0 (got 0.0)",
+        ),
+        (
+            {"k": {"type": "int", "low": 9, "high": 1}},
+            [],
+            "hydra.sweeper.params.k: {type: int, low: 9, high: 1}: the lower bound 9 is above the upper bound 1",
+        ),
+    ],
+)
+def test_bad_bounds_are_one_line_naming_the_parameter(params, arguments, message):
+    """Issue 16: Optuna's own error for these names no parameter; here the line names it and where it was written
+    (an entry of hydra.sweeper.params, or the command-line override as typed)."""
+    with pytest.raises(SearchSpaceError) as e:
+        build_search_space(params, arguments)
+    assert str(e.value) == message

@@ -288,3 +288,126 @@ def test_keep_weights_all_keeps_every_trials_checkpoint(tmp_path, sweep):
         "trainer.max_new_tokens=choice(4, 6)",
     )
     assert all((Path(t.user_attrs["job_dir"]) / "checkpoints" / "last").exists() for t in study(sweep_dir).trials)
+
+
+def trial_states(db: Path) -> dict[int, str]:
+    """{number: state} read straight from the SQLite file (while another process writes it)."""
+    import sqlite3
+
+    if not db.exists():
+        return {}
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        return dict(con.execute("SELECT number, state FROM trials").fetchall())
+    except sqlite3.OperationalError:  # tables not created yet
+        return {}
+    finally:
+        con.close()
+
+
+def test_a_sweep_killed_mid_trial_and_rerun_at_once_runs_every_trial(tmp_path, sweep):
+    """Issue 16: SIGKILL the sweep while trial 1 trains, re-run the same command at once (well within the
+    heartbeat's grace period): trial 1 is failed as interrupted (its sweep process is gone) and run again, so
+    the study ends with n_trials COMPLETE trials and none RUNNING; the re-run waits for no grace period."""
+    import signal
+    import time
+
+    sweep_dir = tmp_path / "killed"
+    args = [
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.objective=length/mean",
+        "hydra.sweeper.direction=minimize",
+        "trainer.max_new_tokens=choice(2,4,6,8)",
+    ]
+    cmd = [sys.executable, "-m", "rlexp.cli", *sweep_args(sweep_dir, *args)]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    try:
+        # trial 1's job has started (its job folder exists): the sweep is mid-trial
+        while not (trial_states(sweep_dir / "s.db").get(1) == "RUNNING" and list(sweep_dir.glob("1-*"))):
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "trial 1 never started"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    assert trial_states(sweep_dir / "s.db") == {0: "COMPLETE", 1: "RUNNING"}
+    started = time.monotonic()
+    sweep(sweep_dir, *args)  # the same command, at once
+    assert time.monotonic() - started < 120  # not after the default grace period (4 x 30 s)
+    trials = study(sweep_dir).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    killed, retry = trials[1], trials[2]
+    assert killed.user_attrs["error"] == f"interrupted: its sweep process (pid {proc.pid}) is gone"
+    assert retry.user_attrs["retry_of"] == 1 and retry.params == killed.params
+    assert steps_run(retry) == 3 and sum(t.state == TrialState.COMPLETE for t in trials) == 2
+    results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    assert results.trials == {"COMPLETE": 2, "FAIL": 1}
+
+
+def test_an_objective_typo_is_refused_before_any_trial(tmp_path, sweep, capfd):
+    """Issue 16: a misspelt objective stops the sweep before the first trial trains, in one line naming the
+    key, the name and the closest metric names; no job ran, no study was created."""
+    sweep_dir = tmp_path / "typo"
+    with pytest.raises(SystemExit) as e:
+        sweep(
+            sweep_dir,
+            "eval.size=2",
+            "hydra.sweeper.objective=eval/acuracy",
+            "hydra.sweeper.direction=maximize",
+            "trainer.max_new_tokens=choice(2,4)",
+        )
+    assert e.value.code == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and err[0].startswith(
+        "error: hydra.sweeper.objective: 'eval/acuracy' is not a metric these trials return; closest: eval/accuracy"
+    ), err
+    assert not sweep_dir.exists()  # no job folder, no study
+
+
+def test_an_eval_objective_without_evaluation_is_refused_before_any_trial(tmp_path, sweep, capfd):
+    with pytest.raises(SystemExit):
+        sweep(
+            tmp_path / "noeval",
+            "hydra.sweeper.objective=[reward/accuracy/mean,eval/accuracy]",
+            "hydra.sweeper.direction=[maximize,maximize]",
+            "trainer.max_new_tokens=choice(2,4)",
+        )
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert err == [
+        "error: hydra.sweeper.objective: 'eval/accuracy' needs evaluation, which these trials do not run "
+        "(eval.size=0, no +benchmark): set eval.size > 0 or add +benchmark=<entry> "
+        "(hydra.sweeper.check_objective=false skips this check)"
+    ]
+    assert not (tmp_path / "noeval").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["optimizer.lr=tag(log, interval(0, 1e-4))"],
+            "optimizer.lr=tag(log, interval(0, 1e-4)): a log scale needs a lower bound > 0 (got 0.0)",
+        ),
+        (
+            ["trainer.temperature=interval(1.5, 0.5)"],
+            "trainer.temperature=interval(1.5, 0.5): the lower bound 1.5 is above the upper bound 0.5",
+        ),
+        (  # a ready sweep's searched key, its interval inverted on the command line
+            ["+sweep=grpo_lr_clip", "algorithm.loss.eps_low=interval(0.3, 0.1)"],
+            "algorithm.loss.eps_low=interval(0.3, 0.1): the lower bound 0.3 is above the upper bound 0.1",
+        ),
+    ],
+)
+def test_a_bad_interval_is_one_line_naming_the_parameter(tmp_path, sweep, capfd, overrides, message):
+    """Issue 16: a log-scale interval from <= 0 or an inverted interval stops the sweep before any trial, in
+    one line naming the parameter, not inside Optuna (hydra.sweeper.params entries: test_sweep_search_space)."""
+    with pytest.raises(SystemExit) as e:
+        sweep(tmp_path / "bad", "hydra.sweeper.objective=length/mean", *overrides)
+    assert e.value.code == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert err == [f"error: {message}"]
+    assert not (tmp_path / "bad").exists()
