@@ -62,6 +62,7 @@ FIXED_SEQUENCE = (GRID, "optuna.samplers.QMCSampler")
 NOP = "optuna.pruners.NopPruner"
 STUDY_ATTRS = ("objectives", "report_metric", "pruner")
 FIXED_ATTR = "fixed_settings"
+PLACEMENT = ("trainer.device", "trainer.num_threads", "trainer.progress")  # not part of a study's fixed settings
 # searched keys that can change which metrics a train job returns (probed for the objective check)
 METRIC_KEYS = ("reward", "eval", "benchmark", "trainer.accuracy_term")
 MAX_PROBES = 24
@@ -115,8 +116,10 @@ def error_text(e: BaseException) -> tuple[str, str]:
 
 def fixed_settings(fixed: dict[str, Any]) -> dict[str, str]:
     """The plain (not searched) overrides every trial gets, as stored on the study: ``+key`` and ``++key`` are
-    ``key``."""
-    return {k.lstrip("+"): str(v) for k, v in sorted(fixed.items())}
+    ``key``; where and how a worker runs its trials (``PLACEMENT``: its device, threads, progress bar) may differ
+    between workers of one study, so it is left out."""
+    out = {k.lstrip("+"): str(v) for k, v in sorted(fixed.items())}
+    return {k: v for k, v in out.items() if k not in PLACEMENT}
 
 
 def settings_tag(fixed: dict[str, str]) -> str:

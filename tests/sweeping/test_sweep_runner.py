@@ -495,7 +495,7 @@ def test_a_rerun_with_other_fixed_settings_is_refused_naming_the_keys(tmp_path):
     sweep.run(["model=smollm2_135m", "optimizer.lr=1e-5"])
     assert launcher.launched == [0]
     sweep, launcher = make_sweep(tmp_path, job, n_trials=2)  # the same settings (`+` or not): resumed
-    sweep.run(["trainer.max_steps=5", "model=tiny"])
+    sweep.run(["trainer.max_steps=5", "model=tiny", "trainer.device=cuda:1"])  # a worker's own device: allowed
     assert launcher.launched == [1]
 
 
