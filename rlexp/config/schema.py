@@ -326,18 +326,23 @@ def check_eval_ks(n: int, ks, maj_ks) -> None:
     if n is None or n < 1:
         raise ConfigError(f"eval.n={n}: must be >= 1")
     for key, values in (("ks", ks), ("maj_ks", maj_ks)):
-        if values is None:
-            continue
-        values = [int(k) for k in values]
-        low = [k for k in values if k < 1]
-        if low:
-            raise ConfigError(f"eval.{key}={values}: every k must be >= 1 (got {low[0]})")
-        high = [k for k in values if k > n]
-        if high:
-            raise ConfigError(
-                f"eval.{key}={values}: k={high[0]} is more than eval.n={n} samples per problem; "
-                f"raise eval.n or keep every k <= {n}"
-            )
+        if values is not None:
+            check_ks(values, n, f"eval.{key}")
+
+
+def check_ks(ks, n: int, key: str) -> list[int]:
+    """Every k of ``ks`` in 1..n, else a ConfigError naming ``key`` and ``eval.n``; the k values as ints."""
+    values = [int(k) for k in ks]
+    low = [k for k in values if k < 1]
+    if low:
+        raise ConfigError(f"{key}={values}: every k must be >= 1 (got {low[0]})")
+    high = [k for k in values if k > n]
+    if high:
+        raise ConfigError(
+            f"{key}={values}: k={high[0]} is more than eval.n={n} samples per problem; "
+            f"raise eval.n or keep every k <= {n}"
+        )
+    return values
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -47,17 +47,9 @@ def resolve_ks(ks: Sequence[int] | None, n: int, key: str = "eval.ks") -> list[i
     column that was asked for."""
     if ks is None:
         return list(range(1, n + 1))
-    values = [int(k) for k in ks]
-    bad = [k for k in values if k < 1]
-    if bad:
-        raise ValueError(f"{key}={values}: every k must be >= 1 (got {bad[0]})")
-    high = [k for k in values if k > n]
-    if high:
-        raise ValueError(
-            f"{key}={values}: k={high[0]} is more than eval.n={n} samples per problem; "
-            f"raise eval.n or keep every k <= {n}"
-        )
-    return sorted(set(values))
+    from rlexp.config.schema import check_ks
+
+    return sorted(set(check_ks(ks, n, key)))
 
 
 def majority_pick(clusters: Sequence[int | None], correct_of: dict[int, float], tie: str = "random") -> float:
