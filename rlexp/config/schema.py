@@ -43,6 +43,8 @@ class TrainerConfig:
     max_grad_norm: Optional[float] = 1.0
     warmup_steps: int = 0
     eval_every: int = 0  # 0: evaluate only at the end (if eval.size > 0)
+    # with eval.size > 0: evaluate the untrained policy too, logged at step 0 (the summary's "before")
+    eval_at_start: bool = True
     checkpoint_every: int = 10
     # checkpoints kept in <run_dir>/checkpoints once the run finishes: the newest N (`last`, then `step-<N>`);
     # 0: none (while the run trains one is kept, so a killed run resumes)

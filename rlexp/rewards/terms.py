@@ -101,13 +101,19 @@ class Format(RewardTerm):
     """1 when the completion follows the answer convention, else 0.
 
     ``hash``: the last non-empty line is ``#### <answer>``; ``tag``: ``<think>…</think><answer>…</answer>``
-    and nothing else (DeepSeek-R1, 2025); ``boxed``: a non-empty ``\\boxed{…}``."""
+    and nothing else (DeepSeek-R1, 2025); ``boxed``: a non-empty ``\\boxed{…}``. With ``require_end`` a
+    completion cut at ``max_new_tokens`` scores 0: it has no end, so it does not end with the answer (the
+    default prompt's instruction), which stops a policy from earning the bonus by repeating ``#### <answer>``
+    lines up to the cap."""
 
-    def __init__(self, weight: float = 1.0, answer_format: str = "hash"):
+    def __init__(self, weight: float = 1.0, answer_format: str = "hash", require_end: bool = False):
         super().__init__(weight)
         self.answer_format = answer_format
+        self.require_end = require_end
 
     def score(self, sample: Sample) -> float:
+        if self.require_end and sample.truncated:
+            return 0.0
         text = sample.completion.strip()
         if self.answer_format == "hash":
             lines = [l for l in text.splitlines() if l.strip()]

@@ -22,6 +22,7 @@ class RunSummary:
     rows: list[tuple[str, float, float, int]]  # metric, first-window mean, last-window mean, window
     trackers: list[dict[str, str]] = field(default_factory=list)
     checkpoints: list[tuple[Path, int, int | None]] = field(default_factory=list)  # path, bytes, step
+    held_out: tuple[float, int, float, int] | None = None  # eval/accuracy: first value, its step, last, its step
 
     def lines(self) -> list[str]:
         """The summary as markdown lines (the file and the terminal print the same text)."""
@@ -31,6 +32,9 @@ class RunSummary:
         out += [f"- {t['tracker']}: run `{t['run_id']}` in `{t['where']}`; open: `{t['open']}`" for t in self.trackers]
         if not self.trackers:
             out.append("- tracker: none (every metric is in `metrics.jsonl`)")
+        if self.held_out is not None:
+            a, sa, b, sb = self.held_out
+            out.append(f"- held-out accuracy (greedy): {a:.3f} at step {sa} → {b:.3f} at step {sb}")
         if self.checkpoints:
             total = sum(b for _, b, _ in self.checkpoints)
             kept = ", ".join(f"`{p}` (step {s}, {human_size(b)})" for p, b, s in self.checkpoints)
@@ -78,7 +82,13 @@ def summarise(run_dir: str | Path, status: str = "FINISHED", trackers: list[dict
         if means is not None:
             table.append((key, *means, 1 if key.startswith("eval/") else window))
     checkpoints = [(p, dir_size(p), checkpoint_step(p)) for p in kept_checkpoints(run_dir / "checkpoints")]
-    return RunSummary(run_dir, status, sorted(by_step), table, list(trackers or []), checkpoints)
+    evals = [(s, r["eval/accuracy"]) for s, r in sorted(by_step.items()) if _finite(r.get("eval/accuracy"))]
+    held_out = (evals[0][1], evals[0][0], evals[-1][1], evals[-1][0]) if len(evals) > 1 else None
+    return RunSummary(run_dir, status, sorted(by_step), table, list(trackers or []), checkpoints, held_out)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def write_summary(summary: RunSummary) -> Path:

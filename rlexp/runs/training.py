@@ -18,6 +18,7 @@ from rlexp.runs.setup import (
     build_trackers,
     link_latest,
     prepare_process,
+    release_device_memory,
 )
 from rlexp.tracking.params import flatten
 
@@ -59,8 +60,11 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     t = cfg.trainer
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
-    with hold_run_dir(run_dir):
-        return _run(cfg, t, device, run_dir, callbacks)
+    try:
+        with hold_run_dir(run_dir):
+            return _run(cfg, t, device, run_dir, callbacks)
+    finally:
+        release_device_memory(device)
 
 
 @contextmanager

@@ -161,8 +161,8 @@ class ProducedMetrics:
             out |= {"accuracy", "groups/all_correct_frac", "groups/all_wrong_frac"}
         if self.greedy_eval:
             out |= {"eval/length/mean", "eval/length/truncated_frac"}
-            if self.accuracy_term:
-                out.add("eval/accuracy")
+            if self.accuracy_term:  # the gain over the step-0 evaluation (trainer.eval_at_start)
+                out |= {"eval/accuracy", "eval/accuracy_gain"}
         if self.several_benchmarks:
             out |= {"eval/mean/accuracy", "eval/mean/pass_at_1"}
         return out

@@ -70,6 +70,9 @@ class JSONLTracker(Tracker):
     def last_step(self) -> int:
         return max((r["step"] for r in read_jsonl(self.path)), default=0)
 
+    def has_step(self, step: int) -> bool:
+        return any(r["step"] == step for r in read_jsonl(self.path))
+
 
 def _num(v):
     v = float(v)

@@ -422,11 +422,13 @@ class Trainer:
         s = self.s
         result = TrainResult(start_step)
         with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress) as bar:
+            if self.evaluator is not None and s.eval_at_start and start_step == 0 and not self.jsonl.has_step(0):
+                self._evaluate_at_start()
             for step in range(start_step + 1, s.max_steps + 1):
                 _, metrics = self.train_step(step)
                 eval_metrics = {}
                 if self.evaluator is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.max_steps):
-                    eval_metrics = self.evaluator(self.model, self.tok, step)
+                    eval_metrics = self._with_gain(self.evaluator(self.model, self.tok, step))
                     metrics.update(eval_metrics)
                     result.eval_metrics = eval_metrics
                 if step > last_logged:  # a resumed run recomputes the steps after its checkpoint: log each once
@@ -467,6 +469,24 @@ class Trainer:
         # a fallback checkpoint is kept while the run trains (trainer.fallback_checkpoint), not after
         ckpt.prune(self.ckpt_dir, s.keep_checkpoints)
         return result
+
+    def _evaluate_at_start(self) -> None:
+        """The untrained policy's held-out metrics, logged at step 0 (once: a run killed after it resumes
+        without evaluating again)."""
+        metrics = self.evaluator(self.model, self.tok, 0)
+        self.jsonl.log_metrics(metrics, 0)
+        self.tracker.log_metrics(metrics, 0)
+
+    def _with_gain(self, metrics: dict) -> dict:
+        """``eval/accuracy_gain``: held-out accuracy now minus at step 0, when the run evaluated there (read back
+        from metrics.jsonl, so a resumed run keeps it)."""
+        if "eval/accuracy" in metrics:
+            from rlexp.tracking.base import read_jsonl
+
+            start = next((r for r in read_jsonl(self.jsonl.path) if r["step"] == 0), {}).get("eval/accuracy")
+            if isinstance(start, (int, float)):
+                metrics = {**metrics, "eval/accuracy_gain": metrics["eval/accuracy"] - start}
+        return metrics
 
     # ---- tracker bookkeeping ------------------------------------------------------------------
     def _saved_tracker_ids(self):

@@ -67,6 +67,14 @@ def test_format_reward():
     assert t([_sample("<think>a</think> <answer>7</answer>"), _sample("<answer>7</answer>")]).scores == [1.0, 0.0]
 
 
+def test_format_reward_withholds_the_bonus_from_a_cut_off_completion_when_asked():
+    # "#### 7" repeated up to the token cap ends on a "#### 7" line but has no end: 0 with require_end
+    looped = Sample("p", "#### 7\n#### 7\n#### 7", {"answer": "7"}, 0, 48, True)
+    ended = Sample("p", "3 + 4\n#### 7", {"answer": "7"}, 0, 6, False)
+    assert Format(answer_format="hash")([looped, ended]).scores == [1.0, 1.0]
+    assert Format(answer_format="hash", require_end=True)([looped, ended]).scores == [0.0, 1.0]
+
+
 def test_failing_term_records_failure_instead_of_crashing():
     class Flaky(RewardTerm):
         def score(self, sample):

@@ -29,8 +29,8 @@ def compose_sweep(name: str, *overrides: str):
         return compose(config_name="config", overrides=[f"+sweep={name}", *overrides], return_hydra_config=True)
 
 
-def test_the_four_documented_sweeps_exist():
-    assert SWEEPS == ["accuracy_vs_length", "g_vs_prompts", "grpo_lambda_share", "grpo_lr_clip"]
+def test_the_five_documented_sweeps_exist():
+    assert SWEEPS == ["accuracy_vs_length", "default_task", "g_vs_prompts", "grpo_lambda_share", "grpo_lr_clip"]
 
 
 @pytest.mark.parametrize("name", SWEEPS)
@@ -131,7 +131,11 @@ def test_ready_sweep_runs_two_trials_on_the_tiny_model(name, tmp_path, monkeypat
         job = OmegaConf.load(Path(t.user_attrs["job_dir"]) / "config.yaml")
         assert (job.trial.study, job.trial.number) == (name, t.number)
         for key, value in t.params.items():
-            assert OmegaConf.select(job, key) == value
+            if OmegaConf.is_config(OmegaConf.select(job, key)):  # a config group (default_task's dataset)
+                overrides = OmegaConf.load(Path(t.user_attrs["job_dir"]) / ".hydra" / "overrides.yaml")
+                assert f"{key}={value}" in overrides
+            else:
+                assert OmegaConf.select(job, key) == value
     if len(study.directions) == 1:  # eval/accuracy reported to the trial at each evaluation (steps 1 and 2)
         assert all(sorted(t.intermediate_values) == [1, 2] for t in trials)
     if name == "g_vs_prompts":  # budget 1 x 8 (config.yaml's G) = 8 completions per step, split as prompts x G
