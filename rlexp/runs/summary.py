@@ -28,7 +28,8 @@ class RunSummary:
         """The summary as markdown lines (the file and the terminal print the same text)."""
         out = [f"# Run summary: {self.run_dir.name}", "", f"- status: {self.status}"]
         last = self.steps[-1] if self.steps else 0
-        out.append(f"- run directory: `{self.run_dir}` ({len(self.steps)} logged steps, last {last})")
+        trained = [s for s in self.steps if s > 0]  # step 0 holds only the evaluation before training
+        out.append(f"- run directory: `{self.run_dir}` ({len(trained)} logged steps, last {last})")
         out += [f"- {t['tracker']}: run `{t['run_id']}` in `{t['where']}`; open: `{t['open']}`" for t in self.trackers]
         if not self.trackers:
             out.append("- tracker: none (every metric is in `metrics.jsonl`)")
