@@ -104,16 +104,30 @@ class Format(RewardTerm):
     and nothing else (DeepSeek-R1, 2025); ``boxed``: a non-empty ``\\boxed{…}``. With ``require_end`` a
     completion cut at ``max_new_tokens`` scores 0: it has no end, so it does not end with the answer (the
     default prompt's instruction), which stops a policy from earning the bonus by repeating ``#### <answer>``
-    lines up to the cap."""
+    lines up to the cap. With ``only_correct`` the bonus goes only to a completion whose formatted answer is
+    also correct: a group whose answers are all wrong then has no reward spread, instead of one that the group
+    normalisation blows up to unit advantages for the format alone (which taught SmolLM2 to answer
+    ``#### <guess>`` and lose its accuracy, issue 30)."""
 
-    def __init__(self, weight: float = 1.0, answer_format: str = "hash", require_end: bool = False):
+    def __init__(
+        self,
+        weight: float = 1.0,
+        answer_format: str = "hash",
+        require_end: bool = False,
+        only_correct: bool = False,
+    ):
         super().__init__(weight)
         self.answer_format = answer_format
         self.require_end = require_end
+        self.only_correct = only_correct
 
     def score(self, sample: Sample) -> float:
         if self.require_end and sample.truncated:
             return 0.0
+        if self.only_correct:
+            stated = extract_answer(sample.completion, self.answer_format, fallback_last_number=False)
+            if stated is None or not check_answer(stated, sample.record):
+                return 0.0
         text = sample.completion.strip()
         if self.answer_format == "hash":
             lines = [l for l in text.splitlines() if l.strip()]
