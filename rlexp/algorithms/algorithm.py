@@ -16,7 +16,7 @@ import torch
 
 from rlexp.algorithms.aggregation import MODES
 from rlexp.algorithms.families import FAMILIES
-from rlexp.algorithms.losses.base import LossOutput
+from rlexp.algorithms.losses.base import LossOutput, loss_batch_extras, loss_takes_entropy
 from rlexp.algorithms.regularisers.entropy import high_entropy_mask
 from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
 from rlexp.algorithms.regularisers.reference import KINDS
@@ -103,6 +103,12 @@ class Algorithm:
             self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
 
     @property
+    def loss_batch_extras(self) -> tuple[str, ...]:
+        """The ``batch.extras`` keys the loss reads per row (GBPO's target signal); the trainer slices them per
+        micro-batch and passes them to ``token_loss`` as ``extras``."""
+        return loss_batch_extras(self.loss)
+
+    @property
     def selects_over_mini_batch(self) -> bool:
         """The loss picks its tokens over the whole mini-batch (Clip-Cov, KL-Cov with ``scope=mini_batch``): the
         trainer calls ``loss.select`` once per optimiser step and passes each micro-batch its slice."""
@@ -121,13 +127,25 @@ class Algorithm:
         entropy: torch.Tensor | None = None,
         ref_logp: torch.Tensor | None = None,
         selected: torch.Tensor | None = None,
+        extras: dict[str, torch.Tensor] | None = None,
     ) -> LossOutput:
         """Per-token loss of one micro-batch (before aggregation) and its per-token statistics. ``selected``: this
-        micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``)."""
-        if selected is None:
-            out = self.loss(logp, old_logp, advantages, mask)
-        else:
-            out = self.loss(logp, old_logp, advantages, mask, selected=selected)
+        micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``). ``extras``:
+        this micro-batch's rows of the ``batch.extras`` fields the loss reads (``loss_batch_extras``). A loss with
+        an ``entropy`` parameter gets the token entropies."""
+        kwargs: dict = {} if selected is None else {"selected": selected}
+        for key in self.loss_batch_extras:
+            if extras is None or key not in extras:
+                raise ValueError(
+                    f"algorithm.loss reads batch.extras[{key!r}], which no stage or advantage estimator provided "
+                    f"(see the loss's docstring for the part that sets it)"
+                )
+            kwargs[key] = extras[key]
+        if loss_takes_entropy(self.loss):
+            if entropy is None:
+                raise ValueError("algorithm.loss needs token entropies")
+            kwargs["entropy"] = entropy.detach()
+        out = self.loss(logp, old_logp, advantages, mask, **kwargs)
         per_token, stats = out.per_token, dict(out.token_stats)
         if self.top_entropy_quantile < 1.0:
             if entropy is None:

@@ -149,7 +149,14 @@ def policy_update(
                 lm = part_mask[dev_idx, :end]
                 ref_lp = part.ref_logprobs[dev_idx, :end] if part.ref_logprobs is not None else None
                 sel = selected[dev_idx, :end] if selected is not None else None
-                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel)
+                extras = None
+                if algo.loss_batch_extras:  # per-row fields a loss reads (GBPO's target), this micro-batch's rows
+                    extras = {
+                        k: (v[dev_idx, :end] if v.dim() == 2 else v[dev_idx])
+                        for k in algo.loss_batch_extras
+                        if (v := part.extras.get(k)) is not None
+                    }
+                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras)
                 per_token = out.per_token
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,3 +33,35 @@ def ratio_stats(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> d
 def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(x.dtype)
     return (x * m).sum(-1) / m.sum(-1).clamp(min=1)
+
+
+def uses_batch_extras(*keys: str) -> Callable:
+    """Mark a loss that reads per-row batch fields a stage or estimator put in ``batch.extras`` (GBPO's target
+    signal): the trainer hands it each micro-batch's rows of ``batch.extras[key]`` as the keyword ``key``."""
+
+    def mark(fn: Callable) -> Callable:
+        fn.batch_extras = tuple(keys)
+        return fn
+
+    return mark
+
+
+def _function(loss: Callable) -> Callable:
+    while isinstance(loss, functools.partial):
+        loss = loss.func
+    return loss
+
+
+def loss_batch_extras(loss: Callable) -> tuple[str, ...]:
+    """The ``batch.extras`` keys a (partial) loss reads (``uses_batch_extras``); () for most losses."""
+    fn = _function(loss)
+    return tuple(getattr(fn, "batch_extras", None) or getattr(type(fn), "batch_extras", ()) or ())
+
+
+def loss_takes_entropy(loss: Callable) -> bool:
+    """A loss with a parameter named ``entropy`` gets the (N, T) token entropies (no gradient) of the
+    micro-batch (ASPO's entropy-dependent clip ranges)."""
+    try:
+        return "entropy" in inspect.signature(loss).parameters
+    except (TypeError, ValueError):
+        return False
