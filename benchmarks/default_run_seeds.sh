@@ -18,5 +18,5 @@ for s in 0 1 2; do
   cp "$work/seed$s.log" "$out/runs/seed$s/time.log"
 done
 python benchmarks/default_run_table.py "$out/runs" > "$out/README.md"
-rlexp compare --runs "$out/runs" --group-by params.run_name --last 5 --name default_run --out "$out" \
+rlexp compare --runs "$out/runs" --group-by algorithm --last 5 --name default_run --out "$out" \
   --metrics eval/accuracy,accuracy,reward/format/mean,length/mean,length/truncated_frac,entropy/mean,time/step_s
