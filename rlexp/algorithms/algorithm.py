@@ -37,6 +37,20 @@ class ReferenceSettings:
 
 
 @dataclass
+class SlowFastSettings:
+    """SFPO's update (``rlexp.trainer.slow_fast``): ``fast_steps`` K passes of the update over the rollout
+    batch (the fast trajectory), then the weights are put back to θ_0 + α·(θ_K − θ_0) (α = ``step_size``),
+    then one more pass (the slow correction). K = 0: off. ``stop_window`` w > 0: from the step at which the
+    z-score of the step's token entropy against the last w steps' reaches ``stop_threshold``, the plain update
+    for the rest of the run (the released code's switch-off)."""
+
+    fast_steps: int = 0
+    step_size: float = 0.8
+    stop_window: int = 0
+    stop_threshold: float = 1.0
+
+
+@dataclass
 class Algorithm:
     name: str
     advantage: Callable
@@ -59,6 +73,10 @@ class Algorithm:
     # the method's update schedule: optimiser steps per rollout batch, one per mini-batch of whole groups
     # (trainer.steps_per_rollout, when set, overrides it for every method)
     steps_per_rollout: int = 1
+    # the method's epochs μ over each rollout batch (trainer.num_iterations, when set, overrides it)
+    num_iterations: int = 1
+    # SFPO's fast steps, reposition and slow correction around the update (fast_steps 0: off)
+    slow_fast: SlowFastSettings = field(default_factory=SlowFastSettings)
     # completions sampled per prompt where the method fixes it (ReMax: 1, beside its greedy baseline); it then
     # replaces trainer.num_generations; null: trainer.num_generations
     num_generations: int | None = None
@@ -68,6 +86,8 @@ class Algorithm:
             self.kl = KLSettings(**dict(self.kl))
         if not isinstance(self.reference, ReferenceSettings):
             self.reference = ReferenceSettings(**dict(self.reference))
+        if not isinstance(self.slow_fast, SlowFastSettings):
+            self.slow_fast = SlowFastSettings(**dict(self.slow_fast))
         self.group_stages = list(self.group_stages or [])
         if self.family and self.family not in FAMILIES:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
@@ -87,6 +107,14 @@ class Algorithm:
             raise ValueError(f"algorithm.num_generations={self.num_generations} must be >= 1 or null")
         if self.steps_per_rollout < 1:
             raise ValueError(f"algorithm.steps_per_rollout={self.steps_per_rollout} must be >= 1")
+        if self.num_iterations < 1:
+            raise ValueError(f"algorithm.num_iterations={self.num_iterations} must be >= 1")
+        sf = self.slow_fast
+        if sf.fast_steps < 0 or not 0.0 <= sf.step_size <= 1.0 or sf.stop_window < 0:
+            raise ValueError(
+                f"algorithm.slow_fast: fast_steps={sf.fast_steps} must be >= 0, step_size={sf.step_size} in [0, 1], "
+                f"stop_window={sf.stop_window} >= 0"
+            )
         if self.top_entropy_normaliser not in ("all", "selected"):
             raise ValueError(
                 f"algorithm.top_entropy_normaliser={self.top_entropy_normaliser!r} is not one of ['all', 'selected']"
@@ -115,8 +143,23 @@ class Algorithm:
         return getattr(self.loss, "scope", None) == "mini_batch" and callable(getattr(self.loss, "select", None))
 
     @property
+    def loss_needs_reference(self) -> bool:
+        """The policy loss itself reads the reference log-probs (CoPG's β·log π/π_ref inside its loss)."""
+        return bool(getattr(self.loss, "needs_reference", False))
+
+    @property
     def needs_reference(self) -> bool:
-        return self.kl.coef > 0 or any(getattr(s, "needs_reference", False) for s in self.group_stages)
+        return (
+            self.kl.coef > 0
+            or self.loss_needs_reference
+            or any(getattr(s, "needs_reference", False) for s in self.group_stages)
+        )
+
+    def on_step(self, step: int, max_steps: int) -> None:
+        """Tell a part with a schedule over training (MDPO's annealed step size) which train step begins."""
+        hook = getattr(self.loss, "on_step", None)
+        if callable(hook):
+            hook(step, max_steps)
 
     def token_loss(
         self,

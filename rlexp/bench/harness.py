@@ -97,7 +97,7 @@ def check_comparable(cfg: DictConfig, t: DictConfig) -> None:
             "must be ppo_clip without dual clip",
         ),
         (
-            t.num_iterations == 1,
+            t.num_iterations in (None, 1),
             "trainer.num_iterations",
             t.num_iterations,
             "must be 1 (one optimiser step per rollout)",

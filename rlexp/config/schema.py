@@ -17,7 +17,8 @@ class TrainerConfig:
     max_steps: int = 30
     prompts_per_step: int = 8  # distinct prompts per step (groups)
     num_generations: int = 4  # G, completions per prompt
-    num_iterations: int = 1  # μ, optimiser passes (epochs) over one rollout batch
+    # μ, optimiser passes (epochs) over one rollout batch; null: the method's (algorithm.num_iterations, 1 for most)
+    num_iterations: Optional[int] = None
     # k, optimiser steps per epoch, one per mini-batch of whole groups (TRL's steps_per_generation, verl's
     # train batch / ppo_mini_batch_size); null: the method's schedule (algorithm.steps_per_rollout)
     steps_per_rollout: Optional[int] = None
@@ -186,7 +187,12 @@ def validate(cfg: DictConfig) -> None:
         (t.num_generations >= 2, "trainer.num_generations", t.num_generations, "must be >= 2 (a group needs peers)"),
         (t.prompts_per_step >= 1, "trainer.prompts_per_step", t.prompts_per_step, "must be >= 1"),
         (t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1"),
-        (t.num_iterations >= 1, "trainer.num_iterations", t.num_iterations, "must be >= 1"),
+        (
+            t.num_iterations is None or t.num_iterations >= 1,
+            "trainer.num_iterations",
+            t.num_iterations,
+            "must be >= 1 or null",
+        ),
         (
             t.steps_per_rollout is None or 1 <= t.steps_per_rollout <= t.prompts_per_step,
             "trainer.steps_per_rollout",

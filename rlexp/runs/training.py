@@ -138,7 +138,9 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     optimizer = build(cfg.optimizer, "optimizer")(loaded.model.parameters())
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
     steps_per_rollout = t.steps_per_rollout or algorithm.steps_per_rollout
-    scheduler = build_scheduler(optimizer, t.warmup_steps, t.num_iterations * steps_per_rollout)
+    mu = t.num_iterations or algorithm.num_iterations
+    passes = 1 + algorithm.slow_fast.fast_steps  # SFPO: K fast passes and the slow one
+    scheduler = build_scheduler(optimizer, t.warmup_steps, mu * steps_per_rollout * passes)
     tracker, jsonl = build_trackers(cfg, run_dir)
     from rlexp.evaluation.consistency import meter_from_config
 

@@ -174,7 +174,12 @@ class Trainer:
                 algorithm.num_generations,
                 settings.num_generations,
             )
-        off_policy = settings.num_iterations * self.steps_per_rollout > 1
+        # μ: trainer.num_iterations overrides the method's epochs (algorithm.num_iterations: MDPO's several steps)
+        self.num_iterations = settings.num_iterations or algorithm.num_iterations
+        from rlexp.trainer.slow_fast import SlowFastSchedule
+
+        self.slow_fast = SlowFastSchedule(algorithm.slow_fast)  # SFPO: fast steps, reposition, slow correction
+        off_policy = self.num_iterations * self.steps_per_rollout * (1 + algorithm.slow_fast.fast_steps) > 1
         recompute = settings.recompute_old_logprobs
         self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
         self.correction = None  # train-inference mismatch correction: needs the trainer's own old log-probs
@@ -236,6 +241,7 @@ class Trainer:
     def train_step(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         timings = {}
         t0 = time.perf_counter()
+        self.algo.on_step(step, self.s.max_steps)  # parts scheduled over training (MDPO's step size)
         self._next_group = 0
         batch = self.rollout_and_score(self.sampler.next_batch())
         timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
@@ -269,7 +275,7 @@ class Trainer:
             timings["time/consistency_s"] = time.perf_counter() - tc
         t2 = time.perf_counter()
         kl_metrics = {}
-        if self.algo.kl.coef > 0:
+        if self.algo.kl.coef > 0 or self.algo.loss_needs_reference:
             batch.ref_logprobs = batch_logprobs(
                 self.reference.model,
                 batch,
@@ -279,7 +285,7 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
             )
-            if self.algo.kl.mode == "reward":
+            if self.algo.kl.coef > 0 and self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
                 kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask
                 kl = kl_tokens.sum(-1)
@@ -312,7 +318,7 @@ class Trainer:
                 self.scheduler,
                 batch,
                 self.algo,
-                mu=self.s.num_iterations,
+                mu=self.num_iterations,
                 micro_batch=self.s.micro_batch_size,
                 temperature=self.rollout.temperature,
                 max_grad_norm=self.s.max_grad_norm,
@@ -321,7 +327,11 @@ class Trainer:
                 micro_batch_tokens=self.s.micro_batch_tokens,
                 steps_per_rollout=self.steps_per_rollout,
                 seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
+                slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
             )
+        if self.algo.slow_fast.fast_steps > 0:
+            train.setdefault("sfpo/active", 0.0)
+            self.slow_fast.observe(train.get("entropy/mean", float("nan")), step)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2
@@ -361,6 +371,10 @@ class Trainer:
                 "directory (hydra.run.dir=<dir>)"
             )
         self._restored = (start_step, tracker_ids, found is not None)
+        if found is not None and self.slow_fast.s.fast_steps > 0 and self.slow_fast.s.stop_window > 0:
+            from rlexp.tracking.base import read_jsonl
+
+            self.slow_fast.replay(read_jsonl(self.jsonl.path), start_step)  # SFPO's entropy history
         return start_step
 
     def train(self) -> TrainResult:

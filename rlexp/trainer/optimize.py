@@ -73,6 +73,7 @@ def policy_update(
     micro_batch_tokens: int | None = None,
     steps_per_rollout: int = 1,
     seed: int = 0,
+    slow_fast=None,
 ) -> dict[str, float]:
     """μ epochs over ``batch``, each epoch ``steps_per_rollout`` (k) optimiser steps, one per mini-batch of
     whole groups (``group_mini_batches``: a seeded split, the same in every epoch); returns metrics averaged
@@ -83,14 +84,19 @@ def policy_update(
     whole batch. Micro-batches: at most ``micro_batch`` rows and ``micro_batch_tokens`` padded positions. A loss
     that selects tokens over the whole mini-batch (``algo.selects_over_mini_batch``: Clip-Cov, KL-Cov) gets the
     current log-probs of the mini-batch before each optimiser step (a no-grad forward; on the first step the
-    recomputed old log-probs, which are the current ones), so its selection does not depend on micro-batching."""
+    recomputed old log-probs, which are the current ones), so its selection does not depend on micro-batching.
+
+    ``slow_fast`` (SFPO, ``algorithm.slow_fast`` while it acts): the μ·k steps run K = ``fast_steps`` times (the
+    fast trajectory, old log-probs fixed at the start), the weights are put back to θ_0 + α·(θ_K − θ_0), and
+    the μ·k steps run once more (the slow correction): (K + 1)·μ·k optimiser steps in all."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
     if steps_per_rollout > 1:
         parts = [batch.select(rows) for rows in group_mini_batches(batch.group_ids, steps_per_rollout, seed)]
     else:
         parts = [batch]
-    n_steps = mu * len(parts)
+    passes = 1 + (slow_fast.fast_steps if slow_fast is not None else 0)
+    n_steps = mu * len(parts) * passes
     on_policy = n_steps == 1 and batch.old_logprobs is None
     steps = []  # per mini-batch: (rows' batch, mask, old log-probs, normaliser, token count, micro-batch plan)
     for part in parts:
@@ -110,7 +116,19 @@ def policy_update(
     sums["train/padding_share"] = 1.0 - sum(mb.tokens for mb in plans) / max(positions, 1)
     sums["train/optimizer_steps"] = float(n_steps)
     mismatch = None  # the sampler's log-probs against the trainer's, before the first optimiser step
-    for _ in range(mu):
+    slow = None
+    if slow_fast is not None:
+        from rlexp.trainer.slow_fast import snapshot
+
+        slow = snapshot(model)
+    epochs = [p for p in range(passes) for _ in range(mu)]  # the pass of each epoch
+    for e, pass_index in enumerate(epochs):
+        if slow is not None and pass_index == passes - 1 and (e == 0 or epochs[e - 1] != pass_index):
+            from rlexp.trainer.slow_fast import reposition
+
+            sums["sfpo/fast_displacement"] = reposition(model, slow, slow_fast.step_size)
+            sums["sfpo/active"] = 1.0
+            slow = None
         for part, part_mask, part_old, norm, token_count, plan in steps:
             optimizer.zero_grad(set_to_none=True)
             pass_sums: dict[str, torch.Tensor] = {}
@@ -124,7 +142,10 @@ def policy_update(
                         model, part, micro_batch, temperature, autocast_dtype, share_prompts, micro_batch_tokens
                     )
                 old_all = current if on_policy else part_old
-                selected = algo.loss.select(current, old_all, part.advantages, part_mask)
+                if getattr(algo.loss, "needs_batch", False):  # CoPG: group ids and reference log-probs
+                    selected = algo.loss.select(current, old_all, part.advantages, part_mask, batch=part)
+                else:
+                    selected = algo.loss.select(current, old_all, part.advantages, part_mask)
             for mb in plan:
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(part)

@@ -57,6 +57,16 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert "remax/greedy_reward_mean" in m
     if method.startswith("dapo"):
         assert m["dynamic_sampling/kept_groups"] >= 1 and "reward/overlong/mean" in m
+    # issue 20 §3: each method's update mechanism acts in the run
+    if method == "mdpo":  # 4 full-batch steps; the KL to the sampling policy acts from the second
+        assert m["train/optimizer_steps"] == 4.0 and m["mdpo/kl"] > 0 and m["mdpo/kl_coef"] > 1.0
+    if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned
+        assert m["train/optimizer_steps"] == 8.0 and m["sfpo/active"] == 1.0 and m["sfpo/fast_displacement"] > 0
+    if method == "copg":  # the β-term at the current weights
+        assert m["copg/kl_term_abs"] > 0
+    if method == "a_lol":  # the sequence weight leaves 1 on the second mini-batch
+        assert m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0
+        assert 0.0 <= m["a_lol/dropped_frac"] <= 1.0
 
 
 def test_overlong_masking_stage_in_a_run(tiny_cfg):

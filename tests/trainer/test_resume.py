@@ -75,3 +75,28 @@ def test_ppo_checkpoint_holds_the_critic_and_resume_restores_it(tiny_cfg, tmp_pa
         cfg.trainer.max_steps = 3
     result = run(cfg)  # resumes at step 2 with the saved critic (a rebuilt one would start from a zero head)
     assert result.last_step == 3
+
+
+def test_sfpo_switch_off_survives_a_resume(tiny_cfg, tmp_path):
+    """SFPO's entropy z-score switch-off is rebuilt from the metrics log on resume: with a window of 2 and a
+    threshold every z-score reaches, it switches off after step 2, and a run resumed at step 2 keeps it off."""
+    from omegaconf import open_dict
+
+    cfg = tiny_cfg(
+        "algorithm=sfpo",
+        "algorithm.slow_fast.fast_steps=1",
+        "algorithm.slow_fast.stop_window=2",
+        "algorithm.slow_fast.stop_threshold=-1e9",
+        "trainer.steps_per_rollout=1",
+        "trainer.max_steps=2",
+        "trainer.checkpoint_every=1",
+        "trainer.max_new_tokens=6",
+    )
+    run(cfg)
+    assert [r["sfpo/active"] for r in _steps(tmp_path / "run")] == [1.0, 1.0]
+    with open_dict(cfg):
+        cfg.trainer.max_steps = 3
+    run(cfg)
+    rows = _steps(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["sfpo/active"] == 0.0 and rows[-1]["train/optimizer_steps"] == 1.0

@@ -48,3 +48,15 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
     return KL_ESTIMATORS(estimator)(ref_logp - logp)
+
+
+@REGULARISERS.register
+def kl_to_sampler(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_old) on tokens sampled from π_old (the rollout policy): with
+    r = π_θ/π_old, ``r·log r − r + 1``. Unbiased (E_old[r log r] = KL(π_θ ‖ π_old), E_old[r − 1] = 0), ≥ 0,
+    and its gradient r·log r·∇log π_θ is, in expectation, the exact gradient of KL(π_θ ‖ π_old); 0 with a 0
+    gradient on-policy (r = 1). The k1–k3 estimators above assume tokens sampled from π_θ, which the rollout's
+    tokens stop being after the first optimiser step. MDPO's proximity term."""
+    log_r = logp - old_logp
+    r = torch.exp(log_r)
+    return r * log_r - r + 1
