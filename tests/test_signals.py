@@ -33,6 +33,7 @@ def train_cmd(run_dir: Path) -> list[str]:
         "trainer.progress=false",
         "dataset.train_size=64",
         "dataset.eval_size=8",
+        "eval.size=0",
         "tracker=mlflow",
         f"hydra.run.dir={run_dir}",
     ]

@@ -32,6 +32,8 @@ import os
 import random
 from collections.abc import Callable
 
+from omegaconf import OmegaConf
+
 from rlexp.data.sources import _jsonable, _require_columns, load_table, parse_gsm8k_answer
 
 
@@ -221,7 +223,9 @@ class ReasoningGymSource:
         exclude_seeds: list[int] | None = None,
         exclude_size: int = 6000,
     ):
-        self.name, self.seed, self.size, self.options = name, int(seed), int(size), dict(options or {})
+        self.name, self.seed, self.size = name, int(seed), int(size)
+        # plain values (a list option from a config, like the default task's operators, must reach the cache key)
+        self.options = OmegaConf.to_container(options) if OmegaConf.is_config(options) else dict(options or {})
         self.exclude_seeds, self.exclude_size = list(exclude_seeds or []), int(exclude_size)
         if self.seed in self.exclude_seeds:
             raise ValueError(f"benchmark reasoning_gym/{name}: seed={seed} is one of exclude_seeds")

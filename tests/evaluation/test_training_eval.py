@@ -22,6 +22,7 @@ def test_eval_every_logs_benchmark_metrics_at_those_steps(tiny_cfg, tmp_path):
         "eval.n=2",
         "eval.limit=3",
         "eval.size=0",
+        "trainer.eval_at_start=false",
     )
     result = run(cfg)
     logged = rows(tmp_path / "run")
@@ -66,7 +67,7 @@ def test_offline_benchmarks_never_overlap_training_data(tmp_path):
     cfg = compose_train(["model=tiny", "tracker=none", "trainer.seed=0"], tmp_path / "run")
     train = instantiate(cfg.dataset)  # basic_arithmetic, default options and sizes, seed 0
     train_q = {r["question"] for r in [*train.train, *train.eval]}
-    opts = dict(cfg.dataset.options)
+    opts = cfg.dataset.options  # a config node with a list (operators): the source takes plain values from it
     raw = ReasoningGymSource("basic_arithmetic", size=100, options=opts)()
     assert sum(r["question"] in train_q for r in raw) > 0
     held_out = ReasoningGymSource("basic_arithmetic", size=100, options=opts, exclude_seeds=[0], exclude_size=5100)()

@@ -25,7 +25,7 @@ def evaluated():
 
 @pytest.fixture(scope="module")
 def benchmarks():
-    return produced("+benchmark=offline")
+    return produced("+benchmark=offline", "eval.size=0")
 
 
 def test_what_decides_the_names_is_read_from_the_config(evaluated, benchmarks):
@@ -122,7 +122,7 @@ def test_benchmark_names_and_metrics_are_checked(benchmarks):
 
 def test_evaluation_and_the_accuracy_term_are_required_where_needed():
     with pytest.raises(MetricNameError, match=r"'eval/length/mean' needs evaluation, which these trials do not run"):
-        check_metric_name("eval/length/mean", produced())
+        check_metric_name("eval/length/mean", produced("eval.size=0"))
     no_term = produced("eval.size=4", "trainer.accuracy_term=null")
     check_metric_name("eval/length/mean", no_term)
     with pytest.raises(MetricNameError, match=r"'eval/accuracy' needs an accuracy term: trainer.accuracy_term"):
