@@ -240,3 +240,24 @@ def test_off_policy_gradient_differs_from_grpos(name, loss, kw, mode):
     got, _ = grad_of(loss, logp, old, adv, mask, mode, **kw)
     want, _ = grad_of(ppo_clip, logp, old, adv, mask, mode)
     assert not torch.allclose(got, want, rtol=1e-3, atol=1e-4), name
+
+
+# ---------------------------------------------------------------- the settings in a run
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm=cispo", "algorithm.loss.level=sequence"],
+        ["algorithm=sapo", "algorithm.loss.level=sequence"],
+        ["algorithm=grpo", "algorithm.loss.delta=4.0", "algorithm.aggregation=token-sum"],
+    ],
+    ids=["cispo_sequence", "sapo_sequence", "grpo_delta_token_sum"],
+)
+def test_settings_train_two_steps_on_tiny(overrides, tiny_cfg):
+    from rlexp.runs.training import run
+    from tests.algorithms.test_methods_run import FAST
+    from tests.algorithms.varying_reward import VARYING
+
+    m = run(tiny_cfg(*VARYING, *FAST, *overrides)).metrics
+    assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"]) and m["advantage/abs_mean"] > 0
