@@ -114,6 +114,7 @@ def test_string_selected_kinds_dispatch_by_name():
     assert torch.allclose(KL_ESTIMATORS("k3")(log_ratio), torch.exp(log_ratio) - log_ratio - 1)
     assert set(AGGREGATIONS.names()) == {
         "token-mean",
+        "token-sum",
         "seq-mean-token-mean",
         "seq-mean-token-sum",
         "seq-mean-token-sum-norm",

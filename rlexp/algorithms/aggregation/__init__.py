@@ -4,6 +4,7 @@ up to the full-batch loss exactly.
 
 Modes (verl's names):
 * ``token-mean``              Σ l·m / (tokens in the whole batch)          (DAPO, 2025; TRL dapo)
+* ``token-sum``               Σ l·m, no normaliser                          (verl token-sum)
 * ``seq-mean-token-mean``     mean over rows of the row's token mean        (GRPO, 2024; TRL grpo)
 * ``seq-mean-token-sum``      mean over rows of the row's token sum
 * ``seq-mean-token-sum-norm`` Σ l·m / (rows · norm_length)                  (Dr. GRPO, 2025)

@@ -19,6 +19,13 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) ->
     return (per_token * mask).sum() / max(norm.total_tokens, 1.0)
 
 
+@AGGREGATIONS.register(name="token-sum")
+def token_sum(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """Σ l·m over the whole batch, no normaliser (verl's ``token-sum``, PR #7197): the step scales with the
+    batch's token count, so the learning rate has to absorb it."""
+    return (per_token * mask).sum()
+
+
 @AGGREGATIONS.register(name="seq-mean-token-mean")
 def seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
     """Mean over rows of each row's token mean (GRPO, 2024; TRL's ``grpo``)."""

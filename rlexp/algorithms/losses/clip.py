@@ -1,10 +1,11 @@
-"""Clipped importance-ratio losses: PPO-clip (clip-higher, dual clip) and CISPO's clipped, stop-gradient IS weight."""
+"""Clipped importance-ratio losses: PPO-clip (clip-higher, dual clip, INTELLECT-2's two-sided δ) and CISPO's
+clipped, stop-gradient IS weight (token- or sequence-level)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlexp.algorithms.losses.base import LossOutput, expand_like, ratio_stats
+from rlexp.algorithms.losses.base import LossOutput, expand_like, ratio_stats, seq_mean
 from rlexp.core.registry import LOSSES
 
 
@@ -17,16 +18,24 @@ def ppo_clip(
     eps_low: float = 0.2,
     eps_high: float | None = None,
     dual_clip: float | None = None,
+    delta: float | None = None,
 ) -> LossOutput:
     """PPO clipped surrogate (Proximal Policy Optimization Algorithms, 2017) as used by GRPO
     (DeepSeekMath, 2024), with asymmetric clip-higher ε_low/ε_high (DAPO, 2025) and optional dual
-    clip ``c`` that caps the loss of negative-advantage tokens at c·|A| (Dual-Clip PPO, 2019).
-    No log-ratio clamp (TRL's convention)."""
+    clip ``c`` that caps the loss of negative-advantage tokens at c·|A| (Dual-Clip PPO, 2019), and
+    optional two-sided clip ``delta`` δ: the unclipped term's ratio is first capped at δ (INTELLECT-2, 2025;
+    TRL's ``delta``), −min(min(r, δ)·A, clip(r)·A). For δ ≥ 1 + ε_high that equals ``dual_clip=δ``; below,
+    it also caps positive-advantage tokens. No log-ratio clamp (TRL's convention)."""
     eps_high = eps_low if eps_high is None else eps_high
     adv = expand_like(advantages, logp)
     ratio = torch.exp(logp - old_logp)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
-    loss = -torch.min(ratio * adv, clipped * adv)
+    if delta is not None:
+        if delta <= 1:
+            raise ValueError(f"delta must be > 1, got {delta}")
+        loss = -torch.min(ratio.clamp(max=delta) * adv, clipped * adv)
+    else:
+        loss = -torch.min(ratio * adv, clipped * adv)
     if dual_clip is not None:
         if dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -50,14 +59,22 @@ def cispo(
     mask: torch.Tensor,
     eps_low: float | None = None,
     eps_high: float = 4.0,
+    level: str = "token",
 ) -> LossOutput:
     """CISPO ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", 2025):
     REINFORCE with a clipped, stop-gradient importance weight, ℓ_t = −sg(clip(r_t, 1 − ε_low,
     1 + ε_high))·A·log π_θ — every token keeps a gradient. ``eps_low=None`` leaves the ratio
     unbounded below (the paper's ε_low is large). TRL's ``epsilon_high`` for cispo is the absolute cap
-    1 + ε_high here (ε_high = 4 ⇔ TRL 5.0, ScaleRL's value)."""
+    1 + ε_high here (ε_high = 4 ⇔ TRL 5.0, ScaleRL's value). ``level="sequence"``: one weight per sequence
+    from the length-normalised sequence ratio exp(mean_t log r_t) (TRL's ``importance_sampling_level=
+    "sequence"`` with cispo; verl ships the token level only)."""
     adv = expand_like(advantages, logp)
-    ratio = torch.exp(logp - old_logp).detach()
+    log_ratio = (logp - old_logp).detach()
+    if level == "sequence":
+        log_ratio = seq_mean(log_ratio, mask).unsqueeze(-1).expand_as(logp)
+    elif level != "token":
+        raise ValueError(f"loss cispo level={level!r} is not one of ['token', 'sequence']")
+    ratio = torch.exp(log_ratio)
     lo = None if eps_low is None else 1 - eps_low
     weight = ratio.clamp(min=lo, max=1 + eps_high)
     loss = -weight * adv * logp

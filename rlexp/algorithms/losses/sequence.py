@@ -21,7 +21,8 @@ def gspo(
     s_i = exp(mean_t log r_t) (length-normalised) is clipped to [1 − ε_low, 1 + ε_high]; per token
     s_i,t = sg[s_i]·π_θ/sg[π_θ] carries the value of s_i and the gradient s_i·∇log π_θ. With one
     advantage per sequence this equals TRL's ``importance_sampling_level="sequence"`` in value and
-    gradient. No clamp of the log-ratio (verl clamps it at 10). Use with seq-mean-token-mean."""
+    gradient. No clamp of the log-ratio (verl clamps it at 10). Use with seq-mean-token-mean; with
+    seq-mean-token-sum (each sequence's loss times its length) it is LUSPO (2026; TRL's ``luspo``)."""
     adv = expand_like(advantages, logp)
     log_seq = seq_mean(logp - old_logp, mask).detach()
     ratio = torch.exp(logp - logp.detach() + log_seq.unsqueeze(-1))
