@@ -1,0 +1,182 @@
+"""Cluster launchers (issue 18), from the `cluster` extra: a sweep of the tiny model (1 step a trial) through
+submitit's local executor (``hydra/launcher=submitit_local``: each trial a submitit job, its own Python process)
+and through a local Ray cluster (``hydra/launcher=rlexp_ray``: each trial a Ray task in a Ray worker process),
+two trials at a time; every trial's job writes to the one Optuna storage named by ``hydra.sweeper.storage`` (a
+journal file for submitit, SQLite for Ray). Each sweep's grid has one invalid value, so one trial fails in its
+worker and the other four still complete. The SLURM example config composes to submitit's SlurmLauncher (no SLURM
+cluster here: it is never submitted)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from optuna.trial import TrialState
+
+from rlexp.cli import main as rlexp_main
+from rlexp.config.paths import CONF_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+EXTRA = "pip install -e '.[cluster]'"
+HAS_SUBMITIT = importlib.util.find_spec("submitit") is not None and (
+    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+)
+HAS_RAY = importlib.util.find_spec("ray") is not None
+needs_submitit = pytest.mark.skipif(not HAS_SUBMITIT, reason=f"the cluster extra is not installed ({EXTRA})")
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason=f"the cluster extra is not installed ({EXTRA})")
+
+TRIAL = [
+    "model=tiny",
+    "trainer.max_steps=1",
+    "trainer.prompts_per_step=1",
+    "trainer.num_generations=2",
+    "trainer.micro_batch_size=2",
+    "trainer.num_threads=1",
+    "tracker=none",
+    "trainer.progress=false",
+    "dataset.train_size=32",
+    "dataset.eval_size=4",
+    "eval.size=0",
+    "trainer.checkpoint_every=0",
+]
+# grid: 0 fails the job's config check (trainer.max_new_tokens must be > 0) in its worker; the four others complete
+SWEEP = [
+    "hydra/sweeper=rlexp_optuna",
+    "hydra.sweeper.plots=false",
+    "hydra.sweeper.study_name=s",
+    "hydra/sweeper/sampler=grid",
+    "hydra.sweeper.n_jobs=2",
+    "hydra.sweeper.max_failure_rate=0.2",
+    "hydra.sweeper.objective=length/mean",
+    "hydra.sweeper.direction=minimize",
+    "hydra.sweeper.keep_weights=none",
+    "trainer.max_new_tokens=choice(0,2,4,6,8)",
+]
+
+
+@pytest.fixture
+def sweep(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    threads = torch.get_num_threads()
+
+    def run(sweep_dir: Path, storage: str, *args: str) -> optuna.Study:
+        rlexp_main(
+            ["train", "-m", *SWEEP, f"hydra.sweep.dir={sweep_dir}", f"hydra.sweeper.storage={storage}", *TRIAL, *args]
+        )
+        from rlexp.sweeping.storage import open_storage, resolve_storage
+
+        return optuna.load_study(study_name="s", storage=open_storage(resolve_storage(storage, sweep_dir, "s")))
+
+    yield run
+    torch.set_num_threads(threads)
+
+
+def check_study(study: optuna.Study) -> list:
+    """Four trials COMPLETE with their objective (an untrained tiny model writes max_new_tokens tokens), the
+    invalid one FAIL with the job's own error; each job reported to its trial from its worker process."""
+    trials = study.trials
+    assert len(trials) == 5 and len({t.number for t in trials}) == 5
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert [t.params["trainer.max_new_tokens"] for t in failed] == [0]
+    assert failed[0].user_attrs["error"].startswith("ConfigError: trainer.max_new_tokens=0"), failed[0].user_attrs
+    assert sorted(t.params["trainer.max_new_tokens"] for t in complete) == [2, 4, 6, 8]
+    for t in complete:
+        assert t.value == t.params["trainer.max_new_tokens"]
+        assert t.intermediate_values == {1: t.value} or t.intermediate_values == {0: t.value}, t.intermediate_values
+        assert Path(t.user_attrs["run_dir"]) == Path(t.user_attrs["job_dir"]).resolve()
+        assert (Path(t.user_attrs["job_dir"]) / "metrics.jsonl").read_text().count("\n") == 1
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials]
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1 :])  # side by side
+    return complete
+
+
+@needs_submitit
+def test_submitit_local_sweep_on_one_journal_storage(tmp_path, sweep):
+    sweep_dir = tmp_path / "submitit"
+    study = sweep(
+        sweep_dir,
+        f"journal:{tmp_path}/shared/study.log",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+    )
+    check_study(study)
+    results = sorted((sweep_dir / ".submitit").glob("*/*_result.pkl"))
+    assert len(results) == 5  # each trial was a submitit job (its own process)
+
+
+@pytest.fixture
+def ray_cluster():
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+@needs_ray
+def test_ray_sweep_on_a_local_cluster_and_one_sqlite_storage(tmp_path, sweep, ray_cluster):
+    import ray
+
+    sweep_dir = tmp_path / "ray"
+    study = sweep(
+        sweep_dir,
+        f"sqlite:///{tmp_path}/shared/study.db",
+        "hydra/launcher=rlexp_ray",
+        "hydra.launcher.ray.init.num_cpus=2",
+        f"hydra.launcher.ray.init.object_store_memory={80 * 2**20}",
+    )
+    check_study(study)
+    # the launcher's local cluster outlives the sweeper's launch threads (Ray kills its head processes when the
+    # thread that started them ends): every process of it still runs, and it has the 2 CPUs asked for
+    head = ray._private.worker._global_node.all_processes
+    assert head and all(p.process.poll() is None for infos in head.values() for p in infos), head
+    assert ray.is_initialized() and ray.cluster_resources()["CPU"] == 2
+
+
+def compose_launcher(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+@needs_submitit
+def test_the_slurm_example_composes_to_submitits_slurm_launcher():
+    cfg = compose_launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu")
+    launcher = instantiate(cfg.hydra.launcher)
+    assert type(launcher).__name__ == "SlurmLauncher"
+    p = launcher.params
+    assert (p["partition"], p["gpus_per_node"], p["timeout_min"], p["tasks_per_node"]) == ("gpu", 1, 240, 1)
+    assert p["max_num_timeout"] == 0 and p["submitit_folder"].endswith("/.submitit/%j")
+    assert compose_launcher("hydra/launcher=slurm").hydra.launcher.partition is None  # the cluster's default
+
+
+def test_the_ray_launcher_config_composes_without_importing_ray():
+    """Hydra imports every plugin on every run: composing and instantiating the launcher must not import Ray (it
+    is imported when a sweep launches), so a default install without the extra is unaffected."""
+    code = """
+import sys
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from rlexp.config.paths import CONF_DIR  # registers the train config's schema
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    cfg = compose(config_name="config", overrides=["hydra/launcher=rlexp_ray", "hydra.launcher.ray.remote.num_gpus=1"],
+                  return_hydra_config=True)
+launcher = instantiate(cfg.hydra.launcher)
+assert type(launcher).__name__ == "RLExpRayLauncher", launcher
+assert cfg.hydra.launcher.ray.init.address == "local" and cfg.hydra.launcher.ray.remote.max_retries == 0
+from hydra_plugins.rlexp_ray_launcher.ray_launcher import _options
+assert _options(cfg.hydra.launcher.ray.remote) == {"num_cpus": 1, "num_gpus": 1, "max_retries": 0}
+assert "ray" not in sys.modules
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
