@@ -3,8 +3,10 @@ submitit's local executor (``hydra/launcher=submitit_local``: each trial a submi
 and through a local Ray cluster (``hydra/launcher=rlexp_ray``: each trial a Ray task in a Ray worker process),
 two trials at a time; every trial's job writes to the one Optuna storage named by ``hydra.sweeper.storage`` (a
 journal file for submitit, SQLite for Ray). Each sweep's grid has one invalid value, so one trial fails in its
-worker and the other four still complete. The SLURM example config composes to submitit's SlurmLauncher (no SLURM
-cluster here: it is never submitted)."""
+worker and the other four still complete. Our Ray launcher also passes Hydra's own launcher test suite. The SLURM
+example config composes to submitit's SlurmLauncher (no SLURM cluster here: it is never submitted).
+
+Times on a busy 2-core CPU: the submitit sweep ~45 s, the Ray sweep ~42 s, Hydra's suite ~24 s (9 tests)."""
 
 import importlib.util
 import os
@@ -17,6 +19,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 from hydra.utils import instantiate
 from optuna.trial import TrialState
 
@@ -32,6 +35,8 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_submitit = pytest.mark.skipif(not HAS_SUBMITIT, reason=f"the cluster extra is not installed ({EXTRA})")
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason=f"the cluster extra is not installed ({EXTRA})")
 
+# a local Ray cluster of 2 CPUs with a small object store (trials pass only configs and results through it)
+RAY_LOCAL = ["hydra.launcher.ray.init.num_cpus=2", f"hydra.launcher.ray.init.object_store_memory={80 * 2**20}"]
 TRIAL = [
     "model=tiny",
     "trainer.max_steps=1",
@@ -131,8 +136,7 @@ def test_ray_sweep_on_a_local_cluster_and_one_sqlite_storage(tmp_path, sweep, ra
         sweep_dir,
         f"sqlite:///{tmp_path}/shared/study.db",
         "hydra/launcher=rlexp_ray",
-        "hydra.launcher.ray.init.num_cpus=2",
-        f"hydra.launcher.ray.init.object_store_memory={80 * 2**20}",
+        *RAY_LOCAL,
     )
     check_study(study)
     # the launcher's local cluster outlives the sweeper's launch threads (Ray kills its head processes when the
@@ -180,3 +184,30 @@ assert "ray" not in sys.modules
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.fixture(scope="class")
+def hydra_suite_state():
+    """Hydra's suite expects no version_base set yet in this process (Hydra 1.1 behaviour: jobs chdir to their
+    folder); an rlexp sweep before it sets 1.3. Ray is shut down after the suite."""
+    from hydra.version import _UNSPECIFIED_, VersionBase
+
+    saved = VersionBase.instance().version_base
+    VersionBase.instance().version_base = _UNSPECIFIED_
+    yield
+    VersionBase.instance().version_base = saved
+    if HAS_RAY:
+        import ray
+
+        ray.shutdown()
+
+
+@needs_ray
+@pytest.mark.usefixtures("hydra_suite_state")
+@pytest.mark.parametrize(
+    "launcher_name, overrides",
+    [("rlexp_ray", RAY_LOCAL)],
+)
+class TestHydrasLauncherSuite(LauncherTestSuite):
+    """Hydra's own launcher test suite (hydra.test_utils, the suite hydra's launcher plugins pass): one and two
+    jobs a launch, overrides, custom resolvers, a bad key raising, job folders and their .hydra files."""
