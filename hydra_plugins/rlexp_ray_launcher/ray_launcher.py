@@ -109,6 +109,8 @@ class RLExpRayLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
+        self._remote = None  # the job's Ray remote function with the task options, made at the first launch
+        self._lock = threading.Lock()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -123,12 +125,14 @@ class RLExpRayLauncher(Launcher):
                 "hydra/launcher=rlexp_ray needs Ray: pip install -e '.[cluster]' (or the ray version pinned there)"
             ) from e
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        start_ray(_options(self.ray_cfg.get("init")))
-        remote = ray.remote(execute_job).options(**_options(self.ray_cfg.get("remote")))
+        with self._lock:  # the first launch; the sweeper's other threads wait for it
+            if self._remote is None:
+                setup_globals()
+                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+                Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+                start_ray(_options(self.ray_cfg.get("init")))
+                self._remote = ray.remote(execute_job).options(**_options(self.ray_cfg.get("remote")))
+        remote = self._remote
         singleton_state = Singleton.get_state()
         context, config, task = self.hydra_context, self.config, self.task_function
         refs = []

@@ -6,7 +6,7 @@ journal file for submitit, SQLite for Ray). Each sweep's grid has one invalid va
 worker and the other four still complete. Our Ray launcher also passes Hydra's own launcher test suite. The SLURM
 example config composes to submitit's SlurmLauncher (no SLURM cluster here: it is never submitted).
 
-Times on a busy 2-core CPU: the submitit sweep ~45 s, the Ray sweep ~42 s, Hydra's suite ~24 s (9 tests)."""
+Times on a busy 2-core CPU: the submitit sweep 45-65 s, the Ray sweep ~40 s, the launcher suite ~25 s (10 tests)."""
 
 import importlib.util
 import os
@@ -211,3 +211,37 @@ def hydra_suite_state():
 class TestHydrasLauncherSuite(LauncherTestSuite):
     """Hydra's own launcher test suite (hydra.test_utils, the suite hydra's launcher plugins pass): one and two
     jobs a launch, overrides, custom resolvers, a bad key raising, job folders and their .hydra files."""
+
+    def test_a_job_whose_worker_dies_is_an_error_not_a_silent_rerun(
+        self, hydra_sweep_runner, launcher_name, overrides, tmp_path
+    ):
+        """max_retries=0 (our default): a job whose worker process dies (OOM kill, lost node) raises from launch,
+        so the sweeper records the trial FAIL; with Ray's retries the same job would be re-run from scratch."""
+        import ray
+
+        marker = tmp_path / "died_once"
+
+        def dies_once(_cfg):
+            if not marker.exists():
+                marker.touch()
+                os._exit(3)
+            return 7
+
+        def sweep(*extra):
+            return hydra_sweep_runner(
+                calling_file=None,
+                calling_module="hydra.test_utils.a_module",
+                task_function=dies_once,
+                config_path="configs",
+                config_name="compose.yaml",
+                overrides=[f"hydra/launcher={launcher_name}", *overrides, *extra],
+                temp_dir=tmp_path,
+            )
+
+        with pytest.raises(ray.exceptions.WorkerCrashedError):
+            with sweep():
+                pass
+        assert marker.exists()
+        marker.unlink()
+        with sweep("hydra.launcher.ray.remote.max_retries=1") as retried:  # died once, then ran again
+            assert retried.returns[0][0].return_value == 7 and marker.exists()
