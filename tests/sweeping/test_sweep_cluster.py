@@ -4,7 +4,8 @@ and through a local Ray cluster (``hydra/launcher=rlexp_ray``: each trial a Ray 
 two trials at a time; every trial's job writes to the one Optuna storage named by ``hydra.sweeper.storage`` (a
 journal file for submitit, SQLite for Ray). Each sweep's grid has one invalid value, so one trial fails in its
 worker and the other four still complete. Our Ray launcher also passes Hydra's own launcher test suite. The SLURM
-example config composes to submitit's SlurmLauncher (no SLURM cluster here: it is never submitted).
+example config composes to submitit's SlurmLauncher and writes the sbatch script it documents (no SLURM cluster here:
+the script is captured where sbatch would be called).
 
 Times on a busy 2-core CPU: the submitit sweep 45-65 s, the Ray sweep ~40 s, the launcher suite ~25 s (10 tests)."""
 
@@ -152,14 +153,39 @@ def compose_launcher(*overrides: str):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
+class Submitted(Exception):
+    """Raised in place of sbatch: the submission stops there."""
+
+
 @needs_submitit
-def test_the_slurm_example_composes_to_submitits_slurm_launcher():
-    cfg = compose_launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu")
+def test_the_slurm_example_writes_the_sbatch_script_it_documents(tmp_path, monkeypatch):
+    """hydra/launcher=slurm composes to submitit's SlurmLauncher; its launch writes an sbatch script with the
+    documented keys (partition, GPUs, time, CPUs, memory, setup lines), captured instead of calling sbatch."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    cfg = compose_launcher(
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "hydra.launcher.setup=[module load cuda]",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     launcher = instantiate(cfg.hydra.launcher)
-    assert type(launcher).__name__ == "SlurmLauncher"
-    p = launcher.params
-    assert (p["partition"], p["gpus_per_node"], p["timeout_min"], p["tasks_per_node"]) == ("gpu", 1, 240, 1)
-    assert p["max_num_timeout"] == 0 and p["submitit_folder"].endswith("/.submitit/%j")
+    assert type(launcher).__name__ == "SlurmLauncher" and launcher.params["max_num_timeout"] == 0
+    scripts = []
+
+    def submit(self, command):
+        scripts.append(self._make_submission_file_text(command, "uid"))
+        raise Submitted
+
+    monkeypatch.setattr(SlurmExecutor, "_submit_command", submit)
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # as if srun were on the PATH
+    launcher.setup(hydra_context=None, task_function=lambda c: 0, config=cfg)
+    with pytest.raises(Submitted):
+        launcher.launch([["trainer.seed=1"]], initial_job_idx=0)
+    lines = set(scripts[0].splitlines())
+    expected = ["--partition=gpu", "--gpus-per-node=1", "--time=240", "--cpus-per-task=8", "--mem=64GB", "--nodes=1"]
+    assert {f"#SBATCH {x}" for x in expected} <= lines, scripts[0]
+    assert "module load cuda" in lines and any(line.startswith("#SBATCH --output=" + str(tmp_path)) for line in lines)
     assert compose_launcher("hydra/launcher=slurm").hydra.launcher.partition is None  # the cluster's default
 
 
