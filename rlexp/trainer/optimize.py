@@ -106,7 +106,7 @@ def policy_update(
         else:
             part_old = part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs
         plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens)
-        norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length)
+        norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length, algo.token_count_guard)
         steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
