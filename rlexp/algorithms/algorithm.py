@@ -119,12 +119,14 @@ class Algorithm:
             raise ValueError(f"algorithm.kl.mode={self.kl.mode!r} is not one of ['loss', 'reward']")
         if self.kl.coef < 0:
             raise ValueError(f"algorithm.kl.coef must be >= 0, got {self.kl.coef}")
-        if self.kl.clamp and self.kl.estimator != "k3":
+        if self.kl.clamp and self.kl.estimator.rstrip("+") != "k3":
             raise ValueError(
                 f"algorithm.kl.clamp=true is verl's k3 (low_var_kl) clamp; algorithm.kl.estimator={self.kl.estimator!r}"
             )
         if self.kl.bias_correction and self.kl.mode != "loss":
-            raise ValueError("algorithm.kl.bias_correction=true weights the KL loss term: it needs algorithm.kl.mode=loss")
+            raise ValueError(
+                "algorithm.kl.bias_correction=true weights the KL loss term: it needs algorithm.kl.mode=loss"
+            )
         if self.reference.kind not in KINDS:
             raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
         if self.needs_reference and self.reference.kind == "none":
@@ -201,7 +203,6 @@ class Algorithm:
         if skip is None or not bool(skip.any()):
             return self.advantage(batch)
         skip = skip.bool().to(batch.reward.device)
-        batch.stats["advantage/unscored_rows"] = float(skip.sum())
         keep = (~skip).nonzero().squeeze(-1)
         if keep.numel() == 0:  # nothing scored: no statistics, no signal
             return torch.zeros(len(batch), device=batch.reward.device)

@@ -344,7 +344,7 @@ def check_algorithm(a: DictConfig) -> None:
     kl = a.get("kl") or OmegaConf.create({})
     checks += [
         (
-            not kl.get("clamp", False) or kl.get("estimator", "k3") == "k3",
+            not kl.get("clamp", False) or str(kl.get("estimator", "k3")).rstrip("+") == "k3",
             "algorithm.kl.clamp",
             kl.get("clamp"),
             f"is verl's k3 (low_var_kl) clamp; algorithm.kl.estimator={kl.get('estimator')!r}",

@@ -8,8 +8,8 @@
   averaged over k-subsets: exactly over all of them when there are at most ``max_subsets``, else
   over ``max_subsets`` subsets drawn with a fixed seed. Missing answers do not vote (``missing="abstain"``);
   ``missing="vote"`` (``eval.maj_missing``) counts them as one more answer, incorrect, which wins when no
-  answer outnumbers it (verl's ``calc_maj_val``, where a missing prediction is a vote key like any other). Ties: ``tie="random"`` gives the expected
-  correctness of a uniformly random pick among the tied answers; ``tie="first"`` picks the tied answer
+  answer outnumbers it (verl's ``calc_maj_val``, where a missing prediction is a vote key like any other).
+  Ties: ``tie="random"`` gives the expected correctness of a uniformly random pick among the tied answers; ``tie="first"`` picks the tied answer
   that appears first in the subset (verl's rule).
 * ``bootstrap_ci`` — percentile bootstrap over problems for a per-problem statistic (pass@1).
 
@@ -176,7 +176,10 @@ def summarize(
         for k in resolve_ks(maj_ks if maj_ks is not None else [n], n, "eval.maj_ks"):
             m[f"maj_at_{k}"] = float(
                 np.mean(
-                    [maj_at_k(cl, co, k, maj_tie, max_subsets, seed, maj_missing) for cl, co in zip(clusters, correct_of)]
+                    [
+                        maj_at_k(cl, co, k, maj_tie, max_subsets, seed, maj_missing)
+                        for cl, co in zip(clusters, correct_of)
+                    ]
                 )
             )
     flat_len = [x for row in lengths for x in row]

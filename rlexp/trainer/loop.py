@@ -287,7 +287,10 @@ class Trainer:
             )
             if self.algo.kl.coef > 0 and self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
-                kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp) * batch.completion_mask
+                kl_tokens = (
+                    kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp)
+                    * batch.completion_mask
+                )
                 kl = kl_tokens.sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 # per token too: an estimator that pays rewards per token (REINFORCE++) charges each token the KL

@@ -147,7 +147,9 @@ def _random_case(seed, n=6, width=7):
 
 def _our_batch(lengths, mask, scores, steps, kld, beta, values=None):
     n, width = mask.shape
-    b = make_batch((scores - beta * (kld * mask).sum(-1)).tolist(), list(range(n)), lengths=lengths.tolist(), width=width)
+    b = make_batch(
+        (scores - beta * (kld * mask).sum(-1)).tolist(), list(range(n)), lengths=lengths.tolist(), width=width
+    )
     b.extras[KL_PENALTY] = beta * kld * mask  # what the trainer writes for algorithm.kl.mode=reward
     b.extras[TOKEN_REWARDS] = steps
     b.values = values

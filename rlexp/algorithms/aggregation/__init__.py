@@ -37,7 +37,9 @@ class Normaliser:
 
     def __post_init__(self):
         if self.token_count_guard not in TOKEN_COUNT_GUARDS:
-            raise ValueError(f"algorithm.token_count_guard={self.token_count_guard!r} is not one of {TOKEN_COUNT_GUARDS}")
+            raise ValueError(
+                f"algorithm.token_count_guard={self.token_count_guard!r} is not one of {TOKEN_COUNT_GUARDS}"
+            )
 
     def row_tokens(self, mask: torch.Tensor) -> torch.Tensor:
         """Each row's token count, guarded against 0."""
