@@ -9,7 +9,8 @@
   over ``max_subsets`` subsets drawn with a fixed seed. Missing answers do not vote (``missing="abstain"``);
   ``missing="vote"`` (``eval.maj_missing``) counts them as one more answer, incorrect, which wins when no
   answer outnumbers it (verl's ``calc_maj_val``, where a missing prediction is a vote key like any other).
-  Ties: ``tie="random"`` gives the expected correctness of a uniformly random pick among the tied answers; ``tie="first"`` picks the tied answer
+  Ties: ``tie="random"`` gives the expected correctness of a uniformly random pick among the tied answers;
+  ``tie="first"`` picks the tied answer
   that appears first in the subset (verl's rule).
 * ``bootstrap_ci`` — percentile bootstrap over problems for a per-problem statistic (pass@1).
 

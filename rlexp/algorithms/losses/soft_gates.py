@@ -26,7 +26,8 @@ def sapo(
     ℓ_t = −f(r_t)·A with f(r) = σ(τ(r − 1))·4/τ, τ = τ_pos for A > 0 and τ_neg otherwise. f'(1) = 1,
     so on-policy the gradient equals the unclipped surrogate's; away from r = 1 it decays smoothly.
     ``log_ratio_clamp``: verl's ±c on the token log-ratio (verl: 20; null: none, TRL).
-    ``level="sequence"``: the gate acts on GSPO's length-normalised sequence ratio s_i, in the GSPO-token form (value s_i, gradient s_i·∇log π_t per token),
+    ``level="sequence"``: the gate acts on GSPO's length-normalised sequence ratio s_i, in the GSPO-token
+    form (value s_i, gradient s_i·∇log π_t per token),
     which with seq-mean-token-mean and one advantage per sequence equals TRL's sapo with
     ``importance_sampling_level="sequence"`` in value and gradient (verl ships the token level only)."""
     adv = expand_like(advantages, logp)
