@@ -40,9 +40,12 @@ def test_unscored_rows_left_out_in_a_run(tiny_cfg):
     assert 0 < m["reward/unscored"] < 8
 
 
-def test_gae_and_cispo_runs_with_token_kl_and_bound_frac(tiny_cfg):
-    """PPO's GAE with the KL penalty in the reward (charged per token), and CISPO logging verl's clip fraction."""
+def test_gae_run_with_the_kl_penalty_per_token(tiny_cfg):
+    """PPO's GAE with the KL penalty in the reward, charged per token (its token rewards)."""
     ppo = run(tiny_cfg(*VARYING, *FAST, "algorithm=ppo", "algorithm.kl.coef=0.05", "algorithm.kl.mode=reward"))
     assert ppo.last_step == 2 and ppo.metrics["kl/reward_penalty_mean"] != 0
+
+
+def test_cispo_run_logs_verls_clip_fraction(tiny_cfg):
     cispo = run(tiny_cfg(*VARYING, *FAST, "algorithm=cispo", "algorithm.loss.log_ratio_clamp=20.0"))
     assert cispo.last_step == 2 and "clip/bound_frac" in cispo.metrics
