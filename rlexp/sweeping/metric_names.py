@@ -65,6 +65,8 @@ SOMETIMES = (
     "clip/high_frac",
     "clip/region_frac",
     "clip/dual_frac",
+    "clip/low_seq_min",
+    "clip/high_seq_max",
     "clip/bound_frac",
     "ratio/mean",
     "ratio/min",

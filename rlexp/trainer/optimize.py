@@ -21,6 +21,25 @@ def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
     acc[key] = value if key not in acc else fold(acc[key], value)
 
 
+# TRL's clip_ratio/low_min and /high_max: over the sequences of a step, the extreme of each sequence's clipped share
+SEQ_EXTREMES = {"clip/low_frac": "clip/low_seq_min", "clip/high_frac": "clip/high_seq_max"}
+
+
+def _add_seq_extremes(acc: dict, stats: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Fold this micro-batch's per-sequence clipped shares into the optimiser step's min (low) / max (high)."""
+    rows = mask.sum(-1) > 0
+    if not bool(rows.any()):
+        return
+    m = mask.float()
+    for key, name in SEQ_EXTREMES.items():
+        if key in stats:
+            per_row = (stats[key].detach().float() * m).sum(-1) / m.sum(-1).clamp(min=1)
+            if name.endswith("_min"):
+                _add(acc, name, per_row[rows].min(), torch.minimum)
+            else:
+                _add(acc, name, per_row[rows].max(), torch.maximum)
+
+
 def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
     if not acc:
         return {}
@@ -189,6 +208,7 @@ def policy_update(
                 _add(pass_sums, "entropy/mean", (entropy.detach() * lm).sum())
                 for k, v in out.token_stats.items():
                     _add(pass_sums, k, (v.detach().float() * lm).sum())
+                _add_seq_extremes(pass_sums, out.token_stats, lm)
                 if "ratio/mean" in out.token_stats:
                     r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
                     _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
@@ -200,6 +220,10 @@ def policy_update(
                 v = pass_sums.pop(k, None)
                 if v is not None and abs(v) != float("inf"):
                     sums[k] = fold(sums[k], v) if k in sums else v
+            for k in SEQ_EXTREMES.values():  # the optimiser step's extreme, averaged over the steps
+                v = pass_sums.pop(k, None)
+                if v is not None and abs(v) != float("inf"):
+                    sums[k] += v / n_steps
             if first_step:
                 mismatch = mismatch_metrics(pass_sums)
             params = [q for q in model.parameters() if q.grad is not None]

@@ -29,6 +29,9 @@ def test_verl_side_trains(tiny_cfg):
     m = result.metrics
     assert result.last_step == 2 and math.isfinite(m["loss/total"]) and m["advantage/abs_mean"] > 0
     assert "clip/dual_frac" in m and "kl/mean" in m
+    assert (
+        0 <= m["clip/low_seq_min"] <= m["clip/low_frac"] + 1e-6 and m["clip/high_seq_max"] >= m["clip/high_frac"] - 1e-6
+    )
 
 
 def test_unscored_rows_left_out_in_a_run(tiny_cfg):
