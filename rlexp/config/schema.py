@@ -329,6 +329,12 @@ def check_algorithm(a: DictConfig) -> None:
             "must be one of ['zero', 'raw']",
         ),
         (
+            not isinstance(adv, DictConfig) or adv.get("batch_level", "sequence") in ("sequence", "token"),
+            "algorithm.advantage.batch_level",
+            adv.get("batch_level") if isinstance(adv, DictConfig) else None,
+            "must be one of ['sequence', 'token']",
+        ),
+        (
             a.get("token_count_guard", "clamp") in ("clamp", "eps"),
             "algorithm.token_count_guard",
             a.get("token_count_guard"),

@@ -470,3 +470,26 @@ def test_straight_through_estimators_match_verl(name):
     got.sum().backward(), want.sum().backward()
     torch.testing.assert_close(lp.grad, lp2.grad)
     torch.testing.assert_close(lp.grad, base - old)  # k2's gradient: log π_θ − log π_ref
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gdpo_token_level_batch_step_matches_verl(seed):
+    """verl's gdpo: the weighted sum of each term's GRPO advantage, whitened over the valid tokens."""
+    from rlexp.algorithms.advantages.multi_reward import gdpo
+    from tests.algorithms.test_token_rewards import verl_masked_whiten
+
+    g = torch.Generator().manual_seed(seed)
+    G = 4
+    groups = torch.arange(3).repeat_interleave(G).tolist()
+    terms = (torch.rand(3 * G, 2, generator=g) > 0.5).float()
+    weights = torch.tensor([1.0, 0.5])
+    lengths = torch.randint(0, 6, (3 * G,), generator=g).tolist()
+    b = make_batch(None, groups, lengths=lengths, width=6, terms=terms.tolist(), weights=weights.tolist())
+    mask = b.completion_mask.float()
+    summed = sum(weights[k] * verl_grpo(terms[:, k].clone(), groups) for k in range(2))
+    want = verl_masked_whiten(summed[:, None] * mask, mask) * mask
+    torch.testing.assert_close(gdpo(b, batch_level="token"), want, atol=1e-5, rtol=1e-5)
+    seq = gdpo(b)  # the default (TRL): one value per completion
+    assert seq.shape == (3 * G,)
+    with pytest.raises(ValueError, match="algorithm.advantage.batch_level='tokens'"):
+        gdpo(b, batch_level="tokens")
