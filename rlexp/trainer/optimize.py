@@ -26,18 +26,17 @@ SEQ_EXTREMES = {"clip/low_frac": "clip/low_seq_min", "clip/high_frac": "clip/hig
 
 
 def _add_seq_extremes(acc: dict, stats: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
-    """Fold this micro-batch's per-sequence clipped shares into the optimiser step's min (low) / max (high)."""
-    rows = mask.sum(-1) > 0
-    if not bool(rows.any()):
-        return
+    """Fold this micro-batch's per-sequence clipped shares into the optimiser step's min (low) / max (high), on the
+    device (no host synchronisation; a micro-batch of empty rows gives ±inf, which the host fold skips)."""
     m = mask.float()
+    empty = m.sum(-1) == 0
     for key, name in SEQ_EXTREMES.items():
         if key in stats:
             per_row = (stats[key].detach().float() * m).sum(-1) / m.sum(-1).clamp(min=1)
             if name.endswith("_min"):
-                _add(acc, name, per_row[rows].min(), torch.minimum)
+                _add(acc, name, per_row.masked_fill(empty, float("inf")).min(), torch.minimum)
             else:
-                _add(acc, name, per_row[rows].max(), torch.maximum)
+                _add(acc, name, per_row.masked_fill(empty, float("-inf")).max(), torch.maximum)
 
 
 def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
