@@ -32,6 +32,7 @@ from rlexp.sweeping.settings import SweepConfigError
 ALWAYS = (
     "reward/mean",
     "reward/std",
+    "reward/unscored",
     "groups/zero_variance_frac",
     "advantage/mean",
     "advantage/std",
@@ -63,6 +64,10 @@ SOMETIMES = (
     "clip/low_frac",
     "clip/high_frac",
     "clip/region_frac",
+    "clip/dual_frac",
+    "clip/low_seq_min",
+    "clip/high_seq_max",
+    "clip/bound_frac",
     "ratio/mean",
     "ratio/min",
     "ratio/max",

@@ -287,7 +287,10 @@ class Trainer:
             )
             if self.algo.kl.coef > 0 and self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
-                kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask
+                kl_tokens = (
+                    kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp)
+                    * batch.completion_mask
+                )
                 kl = kl_tokens.sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 # per token too: an estimator that pays rewards per token (REINFORCE++) charges each token the KL
@@ -311,7 +314,7 @@ class Trainer:
             batch.extras[IS_WEIGHTS] = weights
             kl_metrics.update(correction_stats)
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
-            batch.advantages = self.algo.advantage(batch)
+            batch.advantages = self.algo.compute_advantages(batch)
             train = policy_update(
                 self.train_model,
                 self.optimizer,
