@@ -277,9 +277,7 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(stale)
 
 
-def load_checkpoint(
-    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None
-) -> dict:
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None) -> dict:
     from safetensors.torch import load_file
 
     path = Path(path)

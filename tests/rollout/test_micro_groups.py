@@ -40,7 +40,8 @@ def test_micro_groups_prefill_each_prompt_once(tiny):
     tok = tiny.tokenizer
     enc = tok(chat_prompts(tok), return_tensors="pt", padding=True, add_special_tokens=False)
     widths = []
-    handle = tiny.model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape), with_kwargs=True)
+    record = lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape)  # noqa: E731
+    handle = tiny.model.register_forward_pre_hook(record, with_kwargs=True)
     try:
         torch.manual_seed(0)
         DecodeLoop().run(
