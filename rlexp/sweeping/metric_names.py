@@ -120,6 +120,15 @@ SOMETIMES = (
     "time/group_stage_s",
     "time/consistency_s",
     "time/greedy_generate_s",
+    "rollout/kv_cache_mb",
+    "rollout/micro_groups",
+    "spec/drafted_frac",
+    "spec/cache_prompts",
+    "spec/accepted_frac",
+    "spec/reused_tokens_mean",
+    "spec/reused_token_frac",
+    "spec/full_reuse_frac",
+    "time/spec_verify_s",
 )
 # namespaces whose names all follow from the config: anything else there is refused
 CLOSED = ("reward", "eval", "length", "groups", "advantage")

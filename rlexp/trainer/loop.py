@@ -205,7 +205,9 @@ class Trainer:
             ),
             record_function("rlexp.generate"),
         ):
-            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
+            # SPEC-RL's speculative reuse (rollout.speculative_reuse) drafts from the prompts' earlier rollouts
+            reuse = {"reuse": True} if getattr(self.rollout, "speculative", None) is not None else {}
+            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
         n = len(records)
         groups = torch.arange(
             self._next_group, self._next_group + n, device=out.completion_ids.device
@@ -223,6 +225,7 @@ class Trainer:
             completions=out.texts,
             records=[r for r in records for _ in range(G)],
         )
+        batch.stats.update(getattr(out, "stats", None) or {})
         t = time.perf_counter()
         with record_function("rlexp.score"):
             score(batch, self.reward_terms)
@@ -363,6 +366,7 @@ class Trainer:
                 sampler=self.sampler,
                 reference=self.reference,
                 critic=self.algo.critic,
+                rollout=self.rollout,
             )
         if found is not None:
             path, meta = found
@@ -473,6 +477,7 @@ class Trainer:
                         reference=self.reference,
                         tracker_ids=ids,
                         critic=self.algo.critic,
+                        rollout=self.rollout,
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                     )
