@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence_reject")
 
@@ -245,6 +245,14 @@ def validate(cfg: DictConfig) -> None:
         if not ok:
             raise ConfigError(f"{key}={value}: {why}")
     check_device(t.device)
+    peft = cfg.model.get("peft")
+    if peft is not None:
+        from rlexp.models.peft import check_peft_config
+
+        try:
+            check_peft_config(OmegaConf.to_container(peft, resolve=True) if peft else None)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     check_eval_ks(cfg.eval.n, cfg.eval.ks, cfg.eval.maj_ks)
     check_maj(cfg.eval)
     check_algorithm(cfg.algorithm)

@@ -224,5 +224,10 @@ def load_model(cfg, device: torch.device) -> LoadedModel:
     if kind not in LOADERS:
         raise ValueError(f"model.source={kind!r} is not one of {sorted(LOADERS)}")
     dtype = resolve_dtype(cfg.dtype, device)
-    params = {k: v for k, v in dict(cfg).items() if k not in ("source", "dtype")}
-    return LOADERS[kind](dtype=dtype, device=device, **params)
+    params = {k: v for k, v in dict(cfg).items() if k not in ("source", "dtype", "peft")}
+    loaded = LOADERS[kind](dtype=dtype, device=device, **params)
+    if cfg.get("peft"):  # model/peft=lora: adapters over the frozen base (rlexp.models.peft)
+        from rlexp.models.peft import apply_lora
+
+        loaded = LoadedModel(apply_lora(loaded.model, cfg.peft), loaded.tokenizer, loaded.name)
+    return loaded

@@ -84,7 +84,11 @@ class VLLMRollout:
         if self.sleep:
             llm.wake_up(tags=["weights"])  # level 2 discarded them: map memory, then push the policy's
         engine_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-        engine_model.load_weights(((name, p.detach()) for name, p in model.state_dict().items()))
+        from rlexp.models.peft import is_peft, merged_state_dict
+
+        # LoRA: vLLM takes the base weights with the adapters merged in, under the base model's names
+        state = merged_state_dict(model) if is_peft(model) else model.state_dict()
+        engine_model.load_weights(((name, p.detach()) for name, p in state.items()))
         llm.reset_prefix_cache()
 
     @torch.no_grad()

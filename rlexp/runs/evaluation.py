@@ -28,7 +28,9 @@ def resolve_checkpoint(path: str) -> tuple[Path, int | None]:
     """The model directory of a run dir / checkpoint dir / model dir, and the checkpoint's step."""
     p = Path(path)
     for cand in (p / "checkpoints" / "last" / "model", p / "model", p):
-        if (cand / "config.json").exists() and any(cand.glob("*.safetensors")):
+        if ((cand / "config.json").exists() or (cand / "adapter_config.json").exists()) and any(
+            cand.glob("*.safetensors")
+        ):
             meta = cand.parent / "trainer.json"
             step = json.loads(meta.read_text())["step"] if meta.exists() else None
             return cand, step
@@ -42,6 +44,10 @@ def load_checkpoint_weights(base_model, model_dir: Path):
     """A copy of ``base_model`` with the weights saved in ``model_dir`` (strict up to tied lm_head)."""
     from safetensors.torch import load_file
 
+    if (model_dir / "adapter_config.json").exists():  # a model/peft=lora run: base + its adapters
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(copy.deepcopy(base_model), str(model_dir)).eval()
     model = copy.deepcopy(base_model)
     state = {}
     for f in sorted(model_dir.glob("*.safetensors")):

@@ -135,7 +135,8 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
     rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)
-    optimizer = build(cfg.optimizer, "optimizer")(loaded.model.parameters())
+    # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
+    optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
     steps_per_rollout = t.steps_per_rollout or algorithm.steps_per_rollout
     mu = t.num_iterations or algorithm.num_iterations

@@ -285,9 +285,14 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, referen
     state = {}
     for f in files:
         state.update(load_file(str(f), device=str(next(model.parameters()).device)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if "lm_head" not in m]:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+    if (path / "model" / "adapter_config.json").exists():  # model/peft=lora: the adapters only
+        from rlexp.models.peft import load_adapters
+
+        load_adapters(model, state, path)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if "lm_head" not in m]:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
     blob = torch.load(path / "state.pt", weights_only=False)
     if blob["optimizer"] is not None:
         optimizer.load_state_dict(blob["optimizer"])

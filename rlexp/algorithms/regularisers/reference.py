@@ -1,7 +1,8 @@
 """Reference models for KL penalties and reference-scored rewards.
 
 * ``none``   – no reference model is kept.
-* ``frozen`` – a frozen copy of the initial policy (GRPO, DeepSeekMath 2024).
+* ``frozen`` – a frozen copy of the initial policy (GRPO, DeepSeekMath 2024); under LoRA the policy itself with
+  its adapters disabled (no copy).
 * ``ema``    – a slowly evolving copy, θ_ref ← d·θ_ref + (1−d)·θ every ``interval`` optimiser
   steps (GRPO-CARE, "Consistency-Aware RL for Multimodal Reasoning", 2025: d = 0.995 every 10
   steps in its released script).
@@ -14,6 +15,7 @@ import copy
 import torch
 
 from rlexp.core.registry import REGULARISERS
+from rlexp.models.peft import AdaptersOff, is_peft
 
 KINDS = ("none", "frozen", "ema")
 
@@ -29,7 +31,9 @@ class ReferenceModel:
             raise ValueError(f"algorithm.reference.ema_interval={ema_interval} must be >= 1")
         self.kind, self.ema_decay, self.ema_interval = kind, ema_decay, ema_interval
         self.model = None
-        if kind != "none":
+        if kind == "frozen" and is_peft(policy):  # LoRA: the base with the adapters off, not a copy
+            self.model = AdaptersOff(policy)
+        elif kind != "none":
             self.model = copy.deepcopy(policy).eval()
             self.model.requires_grad_(False)
 
