@@ -156,6 +156,19 @@ class HFRollout:
                 dst.copy_(src)
         return self._shadow
 
+    def generation_copy(self, model):
+        """A copy of ``model`` that this engine never refreshes, in the dtype ``inference_model`` would generate
+        in (called under the same autocast), else the policy's own: the one-step-off-policy rollout
+        (``rlexp.trainer.async_rollout``) refreshes it itself and generates from it (``generate(...,
+        use_shadow=False)``) in another thread while the policy trains."""
+        import copy
+
+        dtype = self._shadow_dtype(model)
+        out = copy.deepcopy(model)
+        for p in out.parameters():
+            p.grad = None
+        return (out.to(dtype) if dtype is not None else out).eval().requires_grad_(False)
+
     @torch.no_grad()
     def generate(
         self,
@@ -165,8 +178,11 @@ class HFRollout:
         num_generations: int = 1,
         greedy: bool = False,
         max_new_tokens: int | None = None,
+        use_shadow: bool = True,
     ) -> RolloutOutput:
-        model = self.inference_model(model)
+        """``use_shadow=False``: generate with ``model`` as given (a ``generation_copy``), not the shadow."""
+        if use_shadow:
+            model = self.inference_model(model)
         if self._loop is not None:
             per_call = max(1, self.micro_batch // num_generations) if self.micro_batch else len(prompts)
             parts = [

@@ -100,8 +100,11 @@ def save_checkpoint(
     critic=None,
     keep: int = 1,
     optimizer_state: bool = True,
+    pending=None,
 ) -> Path:
-    """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one)."""
+    """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
+    ``pending``: the trainer's ``AsyncRollout`` (trainer.async_rollout), whose rollout generated ahead for the next
+    step is kept (waited for first)."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
     try:
@@ -116,6 +119,7 @@ def save_checkpoint(
                 "rng": rng_state(),
                 "reference": reference.state_dict() if reference else None,
                 "critic": critic.state_dict() if critic is not None else None,
+                "async_rollout": pending.state_dict() if pending is not None else None,
             },
             tmp / "state.pt",
         )
@@ -274,7 +278,9 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(stale)
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None) -> dict:
+def load_checkpoint(
+    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, pending=None
+) -> dict:
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -298,6 +304,16 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, referen
         reference.load_state_dict(blob["reference"])
     if critic is not None:
         critic.load_state_dict(blob.get("critic"), model)
+    ahead = blob.get("async_rollout")
+    if pending is not None:
+        pending.load_state_dict(ahead, next(model.parameters()).device)
+    elif ahead:
+        log.warning(
+            "checkpoint %s holds the rollout of step %d generated ahead (trainer.async_rollout=true); this run "
+            "generates synchronously, so it is dropped and its prompts are not trained on",
+            path,
+            ahead["step"],
+        )
     meta = json.loads((path / "trainer.json").read_text())
     sampler.load_state_dict(meta["sampler"])
     set_rng_state(blob["rng"])
