@@ -120,14 +120,14 @@ class AsyncRollout:
         if job is None or job.step != step:
             raise RuntimeError(f"no rollout of step {step} in flight (pending: {self.pending_step})")
         t = time.perf_counter()
-        job.done.wait()
+        self._wait(job)
         wait = time.perf_counter() - t
         self._pending = None
         if self._reduced:
             torch.set_num_threads(self.trainer_threads)
             self._reduced = False
         if job.error is not None:
-            raise RuntimeError(f"the rollout of step {step} failed in the rollout thread: {job.error}") from job.error
+            raise RuntimeError(f"the rollout of step {step} failed in the rollout thread: {job.error!r}") from job.error
         if self._stream is not None:  # made on the side stream, used and freed on the trainer's
             current = torch.cuda.current_stream(self._stream.device)
             for value in vars(job.output).values():
@@ -135,15 +135,24 @@ class AsyncRollout:
                     value.record_stream(current)
         return job, wait
 
+    def _wait(self, job: PendingRollout) -> None:
+        """Wait for ``job``; a rollout thread that died without finishing it is an error, never a hang."""
+        while not job.done.wait(1.0):
+            if self._thread is None or not self._thread.is_alive():
+                raise RuntimeError(f"the rollout thread ended before the rollout of step {job.step} was generated")
+
     def close(self) -> None:
-        """Let the rollout thread end after the rollout it is on (a daemon thread: nothing waits for it); the
+        """End the rollout thread after the rollout it is on (joined: a thread still in torch at interpreter exit
+        aborts the process, and its autocast exit would clear the process-wide cast cache under a later run); the
         trainer thread gets its torch threads back."""
         if self._reduced:
             torch.set_num_threads(self.trainer_threads)
             self._reduced = False
         if self._thread is not None:
             self._jobs.put(None)
+            self._thread.join()
             self._thread = None
+        self._pending = None
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict | None:
@@ -151,9 +160,11 @@ class AsyncRollout:
         job = self._pending
         if job is None:
             return None
-        job.done.wait()
+        self._wait(job)
         if job.error is not None:
-            raise RuntimeError(f"the rollout of step {job.step} failed in the rollout thread: {job.error}")
+            raise RuntimeError(
+                f"the rollout of step {job.step} failed in the rollout thread: {job.error!r}"
+            ) from job.error
         output = {
             k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(job.output).items()
         }
@@ -189,17 +200,24 @@ class AsyncRollout:
         )
 
     def _work(self) -> None:
-        threads_set = False
+        """The rollout thread. Its whole life runs inside one autocast context: torch keeps the casts of fp32
+        weights in one process-wide cache (``at::autocast::cached_casts``; only the nesting depth is per thread)
+        and clears it whenever any thread leaves its outermost autocast context. A per-rollout context here would
+        clear it at a moment that depends on timing, in the middle of the trainer thread's forward: the weights
+        cast again, the backward sums their gradients in another order, and the run differs in the last bits."""
+        device = next(self._copy.parameters()).device
+        with self._autocast(device):  # the outermost context, left only when the thread ends (close)
+            self._serve(device)
+
+    def _serve(self, device) -> None:
+        if device.type == "cpu":
+            torch.set_num_threads(self.threads)  # this thread's OpenMP team; the trainer's keeps its own
         while True:
             job = self._jobs.get()
             if job is None:
                 return
             t0 = time.perf_counter()
             try:
-                device = next(self._copy.parameters()).device
-                if device.type == "cpu" and not threads_set:
-                    torch.set_num_threads(self.threads)  # this thread's OpenMP team; the trainer's keeps its own
-                    threads_set = True
                 generator = torch.Generator(device).manual_seed(rollout_seed(self.seed, job.step))
                 with ExitStack() as stack:
                     if device.type == "cuda":

@@ -362,7 +362,7 @@ class Trainer:
                 steps_per_rollout=self.steps_per_rollout,
                 seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
                 slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
-                stale=timings.get("async/staleness", 0.0) > 0,
+                stale=timings.get("async/version_lag", 0.0) > 0,
             )
         if self.algo.slow_fast.fast_steps > 0:
             train.setdefault("sfpo/active", 0.0)
@@ -390,7 +390,7 @@ class Trainer:
         timings["time/rollout_wait_s"] = wait  # what of it the trainer thread waited for
         timings["time/rollout_overlap_s"] = max(0.0, job.generate_s - wait)  # what of it ran beside training
         # policy versions between the weights that generated the batch and those its update starts from
-        timings["async/staleness"] = float(step - 1 - job.version)
+        timings["async/version_lag"] = float(step - 1 - job.version)
         return batch
 
     # ---- the loop -----------------------------------------------------------------------------

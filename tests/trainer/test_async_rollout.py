@@ -83,7 +83,7 @@ def test_rollout_of_step_t_plus_1_comes_from_the_weights_before_step_t_update(ti
     cfg = tiny_cfg(*ASYNC, "trainer.max_steps=3", "trainer.autocast=off", "rollout.inference_dtype=null")
     result = run(cfg, callbacks=[Weights()])
     rows = _rows(tmp_path / "run")
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["async/version_lag"] for r in rows] == [0.0, 1.0, 1.0]
     assert [(s, v) for s, v, _ in launches] == [(1, 0), (2, 0), (3, 1)]  # step 3 from step 1's end: one step stale
     theta = [launches[0][2], *ends]  # θ_0, θ_1, θ_2, θ_3
     assert not torch.equal(theta[1], theta[0]) and not torch.equal(theta[2], theta[1]), "the policy moved"
@@ -92,7 +92,7 @@ def test_rollout_of_step_t_plus_1_comes_from_the_weights_before_step_t_update(ti
         assert torch.equal(start, theta[version]) and torch.equal(end, theta[version]), (
             f"step {step}: the copy held step {version}'s weights through the rollout, while the policy moved on"
         )
-    assert result.metrics["async/staleness"] == 1.0
+    assert result.metrics["async/version_lag"] == 1.0
 
 
 def test_same_seed_same_run_whatever_the_thread_timing(tiny_cfg, tmp_path, monkeypatch):
@@ -145,21 +145,21 @@ def test_resume_trains_on_the_kept_rollout_and_matches_the_uninterrupted_run(tin
     rows, ref = _rows(tmp_path / "run"), _rows(tmp_path / "ref")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [_untimed(r) for r in rows] == [_untimed(r) for r in ref]
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0], "step 3 after the resume: still one stale"
+    assert [r["async/version_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0], "step 3 after the resume: still one stale"
     final = torch.load(tmp_path / "run" / "checkpoints" / "last" / "state.pt", weights_only=False)
     assert final["async_rollout"] is None, "nothing is generated ahead of the last step"
 
 
 def test_sampler_log_probs_as_old_make_the_ratio_leave_one_at_one_step_per_rollout(tiny_cfg):
     m = run(tiny_cfg(*ASYNC, "trainer.recompute_old_logprobs=false", "trainer.autocast=off")).metrics
-    assert m["train/optimizer_steps"] == 1.0 and m["async/staleness"] == 1.0
+    assert m["train/optimizer_steps"] == 1.0 and m["async/version_lag"] == 1.0
     assert m["ratio/max"] > 1.0 and m["ratio/min"] < 1.0  # π_θ1 / π_θ0 on θ_0's tokens (fp32: no precision gap)
     assert m["mismatch/kl"] > 0
 
 
 def test_one_step_off_policy_experiment_runs_two_steps(tiny_cfg):
     m = run(tiny_cfg(*VARYING, "+experiment=one_step_off_policy")).metrics
-    assert m["async/staleness"] == 1.0 and m["train/optimizer_steps"] == 1.0
+    assert m["async/version_lag"] == 1.0 and m["train/optimizer_steps"] == 1.0
     for name in ("time/rollout_overlap_s", "time/rollout_wait_s", "mismatch/kl", "loss/total"):
         assert name in m and math.isfinite(m[name]), name
     assert m["ratio/mean"] == pytest.approx(1.0, abs=1e-3)  # old log-probs recomputed: the paper's choice
