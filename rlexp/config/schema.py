@@ -382,10 +382,11 @@ def _check_async_rollout(rollout: DictConfig) -> None:
             f"trainer.async_rollout=true needs rollout.engine=loop (got {rollout.get('engine')!r}): transformers "
             "generate samples from the global RNG, which the trainer thread shares, so the run would depend on timing"
         )
-    if rollout.get("cache_implementation") == "static" and rollout.get("decode_graph") in ("capture", "capture_compiled"):
+    if rollout.get("cache_implementation") == "static" and rollout.get("decode_graph") is not None:
         raise ConfigError(
-            f"trainer.async_rollout=true does not support rollout.decode_graph={rollout.get('decode_graph')} (a CUDA "
-            "graph captured in the rollout thread while the trainer thread allocates); use decode_graph=compile or null"
+            f"trainer.async_rollout=true does not support rollout.decode_graph={rollout.get('decode_graph')} (CUDA "
+            "graphs captured or compiled in the rollout thread while the trainer thread allocates: not built or run "
+            "here); set rollout.decode_graph=null"
         )
 
 

@@ -113,6 +113,9 @@ SOMETIMES = (
     "dynamic_sampling/dropped_groups",
     "dynamic_sampling/varied_frac",
     "time/group_stage_s",
+    "time/rollout_wait_s",
+    "time/rollout_overlap_s",
+    "async/version_lag",
     "time/consistency_s",
     "time/greedy_generate_s",
 )

@@ -171,8 +171,78 @@ def test_one_step_off_policy_experiment_runs_two_steps(tiny_cfg):
         ("rollout.engine=generate", "rollout.engine"),
         ("rollout=vllm", "rollout=hf"),
         ("trainer.async_rollout_threads=0", "trainer.async_rollout_threads"),
+        ("rollout=hf_static", "rollout.decode_graph"),
     ],
 )
 def test_async_rollout_refuses_what_it_cannot_run(tiny_cfg, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(tiny_cfg("trainer.async_rollout=true", override))
+
+
+def test_a_crash_in_the_rollout_thread_is_raised_in_the_trainer_thread(tiny_cfg, tmp_path, monkeypatch):
+    """The rollout of step 2 fails in the rollout thread while step 1 trains: the trainer thread raises it when it
+    takes that rollout (a clear error naming the step and the cause, not a hang), and the thread is gone after."""
+    generate = HFRollout.generate
+    calls = []
+
+    def failing_generate(self, *args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise ValueError("boom in the rollout")
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFRollout, "generate", failing_generate)
+    with pytest.raises(RuntimeError, match=r"rollout of step 2 failed in the rollout thread: ValueError\('boom") as e:
+        run(tiny_cfg(*ASYNC, "trainer.max_steps=3"))
+    assert isinstance(e.value.__cause__, ValueError)
+    assert calls == ["rlexp-async-rollout"] * 2
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [1], "step 1 trained; step 2 never did"
+    assert not [t for t in threading.enumerate() if t.name == "rlexp-async-rollout"], "the rollout thread ended"
+
+
+def test_a_rollout_thread_that_died_is_an_error_not_a_hang():
+    from rlexp.trainer.async_rollout import PendingRollout
+
+    ahead = AsyncRollout.__new__(AsyncRollout)
+    ahead._thread = threading.Thread(target=lambda: None)
+    ahead._thread.start()
+    ahead._thread.join()  # ended without setting the job done (as if killed)
+    ahead._pending = PendingRollout(step=4, version=2, records=[], prompts=[])
+    ahead._reduced = False
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="rollout thread ended before the rollout of step 4"):
+        ahead.take(4)
+    assert time.perf_counter() - t < 5
+
+
+@pytest.mark.parametrize("algorithm", ["gspo", "dapo"])
+def test_one_step_off_policy_under_ratio_methods(tiny_cfg, algorithm):
+    """Two steps of +experiment=one_step_off_policy under a ratio method with its own schedule (4 optimiser steps per
+    rollout); DAPO's dynamic sampling refills in the trainer thread, synchronously, beside the rollout generated ahead."""
+    m = run(tiny_cfg(*VARYING, "+experiment=one_step_off_policy", f"algorithm={algorithm}")).metrics
+    assert m["async/version_lag"] == 1.0 and m["train/optimizer_steps"] == 4.0
+    assert math.isfinite(m["loss/total"]) and "clip/region_frac" in m
+    assert m["ratio/max"] > m["ratio/min"], "the ratio moves over the 4 mini-batches"
+
+
+def test_default_run_has_no_rollout_thread_and_stays_on_policy(tiny_cfg, monkeypatch):
+    """trainer.async_rollout=false (the default): no AsyncRollout, no thread, no async metrics, the on-policy path
+    (one optimiser step, the sampler's log-probs, no recompute)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("AsyncRollout built with trainer.async_rollout=false")
+
+    monkeypatch.setattr(AsyncRollout, "__init__", refuse)
+    before = {t.name for t in threading.enumerate()}
+    m = run(tiny_cfg(*VARYING)).metrics
+    assert {t.name for t in threading.enumerate()} - before == set()
+    assert not [k for k in m if k.startswith("async/") or "rollout_wait" in k or "rollout_overlap" in k]
+    assert m["train/optimizer_steps"] == 1.0
+    assert m.get("ratio/mean", 1.0) == 1.0 and m.get("ratio/max", 1.0) == 1.0
+
+
+def test_one_step_off_policy_metric_names_are_known():
+    from rlexp.sweeping.metric_names import SOMETIMES
+
+    for name in ("async/version_lag", "time/rollout_wait_s", "time/rollout_overlap_s"):
+        assert name in SOMETIMES
