@@ -14,12 +14,15 @@ from typing import Any
 
 import torch
 
-from rlexp.algorithms.aggregation import MODES
+from rlexp.algorithms.aggregation import MODES, TOKEN_COUNT_GUARDS
 from rlexp.algorithms.families import FAMILIES
 from rlexp.algorithms.losses.base import LossOutput, loss_batch_extras, loss_takes_entropy
 from rlexp.algorithms.regularisers.entropy import high_entropy_mask
 from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
 from rlexp.algorithms.regularisers.reference import KINDS
+from rlexp.core.masks import TOKEN_REWARDS, UNSCORED
+
+UNSCORED_ROWS = ("count", "exclude")
 
 
 @dataclass
@@ -27,6 +30,11 @@ class KLSettings:
     coef: float = 0.0
     estimator: str = "k3"
     mode: str = "loss"  # "loss": β·KL added per token; "reward": β·Σ_t KL subtracted from the reward
+    # verl's k3 (low_var_kl) clamps: log-ratio to ±20, the estimate to ±10 (TRL and the default: none)
+    clamp: bool = False
+    # TRL's use_bias_correction_kl: the per-token KL term times the (differentiable) token ratio π_θ/π_old
+    # (loss mode only; TRL's default is true, verl's and ours false)
+    bias_correction: bool = False
 
 
 @dataclass
@@ -60,6 +68,12 @@ class Algorithm:
     aggregation: str = "token-mean"
     count_empty_rows: bool = False
     norm_length: float | None = None
+    # a row's token count in seq-mean-token-mean: clamp(min=1) (TRL) | eps: + 1e-8 (verl); they differ only for
+    # a row whose fractional loss-mask weights sum below 1
+    token_count_guard: str = "clamp"
+    # rows whose every reward term failed or returned None: count (scored 0, in the group statistics; verl) |
+    # exclude (left out of the advantage's statistics, advantage 0; TRL)
+    unscored_rows: str = "count"
     kl: KLSettings = field(default_factory=KLSettings)
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
     entropy_coef: float = 0.0
@@ -93,12 +107,26 @@ class Algorithm:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:
             raise ValueError(f"algorithm.aggregation={self.aggregation!r} is not one of {MODES}")
+        if self.token_count_guard not in TOKEN_COUNT_GUARDS:
+            raise ValueError(
+                f"algorithm.token_count_guard={self.token_count_guard!r} is not one of {list(TOKEN_COUNT_GUARDS)}"
+            )
+        if self.unscored_rows not in UNSCORED_ROWS:
+            raise ValueError(f"algorithm.unscored_rows={self.unscored_rows!r} is not one of {list(UNSCORED_ROWS)}")
         if self.kl.estimator not in ESTIMATORS:
             raise ValueError(f"algorithm.kl.estimator={self.kl.estimator!r} is not one of {ESTIMATORS}")
         if self.kl.mode not in ("loss", "reward"):
             raise ValueError(f"algorithm.kl.mode={self.kl.mode!r} is not one of ['loss', 'reward']")
         if self.kl.coef < 0:
             raise ValueError(f"algorithm.kl.coef must be >= 0, got {self.kl.coef}")
+        if self.kl.clamp and self.kl.estimator.rstrip("+") != "k3":
+            raise ValueError(
+                f"algorithm.kl.clamp=true is verl's k3 (low_var_kl) clamp; algorithm.kl.estimator={self.kl.estimator!r}"
+            )
+        if self.kl.bias_correction and self.kl.mode != "loss":
+            raise ValueError(
+                "algorithm.kl.bias_correction=true weights the KL loss term: it needs algorithm.kl.mode=loss"
+            )
         if self.reference.kind not in KINDS:
             raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
         if self.needs_reference and self.reference.kind == "none":
@@ -129,6 +157,11 @@ class Algorithm:
                     f"algorithm.critic must be a rlexp.algorithms.critics.ppo.Critic, got {type(self.critic).__name__}"
                 )
             self.group_stages.append(self.critic.stage)  # values of the final batch, before advantages
+            if self.unscored_rows == "exclude":
+                raise ValueError(
+                    "algorithm.unscored_rows=exclude is not available with algorithm.critic (GAE's returns of the "
+                    "left-out rows would train the value head toward 0)"
+                )
 
     @property
     def loss_batch_extras(self) -> tuple[str, ...]:
@@ -154,6 +187,37 @@ class Algorithm:
             or self.loss_needs_reference
             or any(getattr(s, "needs_reference", False) for s in self.group_stages)
         )
+
+    def compute_advantages(self, batch):
+        """The estimator's advantages for ``batch``. With ``unscored_rows=exclude`` the rows no reward term
+        scored (``batch.extras["unscored"]``) are left out of the estimator's batch — its group and batch
+        statistics — and get advantage 0 (TRL's convention for a sample whose reward functions all returned
+        None); per-row extras the estimator adds are 0 for them. Token rewards (``batch.extras["token_rewards"]``)
+        need an estimator that pays rewards per token (REINFORCE++, GAE): any other would drop them silently."""
+        if TOKEN_REWARDS in batch.extras and not consumes_token_rewards(self.advantage):
+            raise ValueError(
+                "batch.extras['token_rewards'] holds per-token rewards but algorithm.advantage "
+                f"({_name(self.advantage)}) uses the outcome reward only: use reinforce_pp or gae"
+            )
+        skip = batch.extras.get(UNSCORED) if self.unscored_rows == "exclude" else None
+        if skip is None or not bool(skip.any()):
+            return self.advantage(batch)
+        skip = skip.bool().to(batch.reward.device)
+        keep = (~skip).nonzero().squeeze(-1)
+        if keep.numel() == 0:  # nothing scored: no statistics, no signal
+            return torch.zeros(len(batch), device=batch.reward.device)
+        sub = batch.select(keep)
+        before = set(sub.extras)
+        adv = self.advantage(sub)
+        for key in set(sub.extras) - before:  # per-row fields the estimator wrote (GBPO's target)
+            v = sub.extras[key]
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == keep.numel():
+                full = torch.zeros((len(batch), *v.shape[1:]), dtype=v.dtype, device=v.device)
+                full[keep.to(v.device)] = v
+                batch.extras[key] = full
+        out = torch.zeros((len(batch), *adv.shape[1:]), dtype=adv.dtype, device=adv.device)
+        out[keep.to(adv.device)] = adv
+        return out
 
     def on_step(self, step: int, max_steps: int) -> None:
         """Tell a part with a schedule over training (MDPO's annealed step size) which train step begins."""
@@ -199,11 +263,28 @@ class Algorithm:
         if self.kl.coef > 0 and self.kl.mode == "loss":
             if ref_logp is None:
                 raise ValueError("algorithm.kl.mode=loss needs reference log-probs")
-            kl = kl_estimate(logp, ref_logp, self.kl.estimator)
-            per_token = per_token + self.kl.coef * kl
+            kl = kl_estimate(logp, ref_logp, self.kl.estimator, self.kl.clamp)
             stats["kl/mean"] = kl.detach()
+            if self.kl.bias_correction:  # TRL's use_bias_correction_kl: E_old[r·KL_t] is KL under π_θ
+                kl = kl * torch.exp(logp - old_logp)
+            per_token = per_token + self.kl.coef * kl
         if self.entropy_coef:
             if entropy is None:
                 raise ValueError("algorithm.entropy_coef needs token entropies")
             per_token = per_token - self.entropy_coef * entropy
         return LossOutput(per_token, stats)
+
+
+def _function(part: Callable) -> Callable:
+    while hasattr(part, "func"):  # functools.partial
+        part = part.func
+    return part
+
+
+def _name(part: Callable) -> str:
+    return getattr(_function(part), "__name__", type(part).__name__)
+
+
+def consumes_token_rewards(advantage: Callable) -> bool:
+    """The estimator pays rewards per token (``batch.extras["token_rewards"]``): marked ``token_rewards = True``."""
+    return bool(getattr(_function(advantage), "token_rewards", False))

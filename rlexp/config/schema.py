@@ -97,6 +97,7 @@ class EvalConfig:
     ks: Optional[list[int]] = None  # pass@k for these k <= n (null: every k in 1..n); a k > n is refused
     maj_ks: Optional[list[int]] = None  # maj@k for these k <= n (null: k = n); a k > n is refused
     maj_tie: str = "random"  # random (expected value over tied answers) | first (verl's rule)
+    maj_missing: str = "abstain"  # maj@k: a missing answer abstains | vote: counts as a (wrong) vote (verl)
     max_subsets: int = 2000  # maj@k: exact average over k-subsets up to this many, else sampled
     greedy: Optional[bool] = None  # null: greedy iff n == 1
     temperature: Optional[float] = None  # sampling temperature (null: the rollout's / trainer.temperature)
@@ -258,6 +259,8 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value}: {why}")
     check_device(t.device)
     check_eval_ks(cfg.eval.n, cfg.eval.ks, cfg.eval.maj_ks)
+    check_maj(cfg.eval)
+    check_algorithm(cfg.algorithm)
     if t.compile:
         _check_compile(t)
     if t.async_rollout:
@@ -277,6 +280,106 @@ def validate_eval(cfg: DictConfig) -> None:
     check_unknown_keys(cfg)
     check_device(cfg.trainer.device)
     check_eval_ks(cfg.eval.n, cfg.eval.ks, cfg.eval.maj_ks)
+    check_maj(cfg.eval)
+
+
+def check_maj(ev: DictConfig) -> None:
+    for key, allowed in (("maj_tie", ("random", "first")), ("maj_missing", ("abstain", "vote"))):
+        if ev.get(key, allowed[0]) not in allowed:
+            raise ConfigError(f"eval.{key}={ev.get(key)!r}: must be one of {list(allowed)}")
+
+
+def _settings_of(target: str) -> tuple[list[str], bool] | None:
+    """The keyword settings a part's ``_target_`` takes (and whether it takes any **kwargs); None when the target
+    cannot be imported here (its build names the error)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+        params = inspect.signature(obj).parameters.values()
+    except Exception:
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def check_algorithm(a: DictConfig) -> None:
+    """The peer-convention settings (rlexp/algorithms/CONVENTIONS.md) and the keys of the advantage and loss parts:
+    a key the part's function does not take (``algorithm.loss.log_ratio_clamp`` on a loss without the clamp) is
+    refused here, naming it, instead of at the first step."""
+    from omegaconf import OmegaConf
+
+    if not isinstance(a, DictConfig):
+        return
+    for part in ("advantage", "loss"):
+        node = a.get(part)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        known = _settings_of(str(node._target_))
+        if known is None:
+            continue
+        names, var_kw = known
+        for key in node.keys():
+            if str(key).startswith("_") or var_kw or key in names:
+                continue
+            settings = [n for n in names if n not in ("batch", "logp", "old_logp", "advantages", "mask")]
+            raise ConfigError(
+                f"algorithm.{part}.{key} is not a setting of {node._target_} (its settings: {', '.join(settings)})"
+            )
+    loss, adv = a.get("loss") or {}, a.get("advantage") or {}
+    clamp = loss.get("log_ratio_clamp") if isinstance(loss, DictConfig) else None
+    checks = [
+        (
+            clamp is None or (isinstance(clamp, (int, float)) and clamp > 0),
+            "algorithm.loss.log_ratio_clamp",
+            clamp,
+            "must be > 0 or null (verl: 20; GSPO's sequence log-ratio: 10)",
+        ),
+        (
+            not isinstance(adv, DictConfig) or adv.get("singleton", "zero") in ("zero", "raw"),
+            "algorithm.advantage.singleton",
+            adv.get("singleton") if isinstance(adv, DictConfig) else None,
+            "must be one of ['zero', 'raw']",
+        ),
+        (
+            not isinstance(adv, DictConfig) or adv.get("batch_level", "sequence") in ("sequence", "token"),
+            "algorithm.advantage.batch_level",
+            adv.get("batch_level") if isinstance(adv, DictConfig) else None,
+            "must be one of ['sequence', 'token']",
+        ),
+        (
+            a.get("token_count_guard", "clamp") in ("clamp", "eps"),
+            "algorithm.token_count_guard",
+            a.get("token_count_guard"),
+            "must be one of ['clamp', 'eps']",
+        ),
+        (
+            a.get("unscored_rows", "count") in ("count", "exclude"),
+            "algorithm.unscored_rows",
+            a.get("unscored_rows"),
+            "must be one of ['count', 'exclude']",
+        ),
+    ]
+    kl = a.get("kl") or OmegaConf.create({})
+    checks += [
+        (
+            not kl.get("clamp", False) or str(kl.get("estimator", "k3")).rstrip("+") == "k3",
+            "algorithm.kl.clamp",
+            kl.get("clamp"),
+            f"is verl's k3 (low_var_kl) clamp; algorithm.kl.estimator={kl.get('estimator')!r}",
+        ),
+        (
+            not kl.get("bias_correction", False) or kl.get("mode", "loss") == "loss",
+            "algorithm.kl.bias_correction",
+            kl.get("bias_correction"),
+            "weights the KL loss term: it needs algorithm.kl.mode=loss",
+        ),
+    ]
+    for ok, key, value, why in checks:
+        if not ok:
+            raise ConfigError(f"{key}={value}: {why}")
 
 
 _APPS = {"RLExpConfig": "train", "EvalAppConfig": "eval", "TrainerConfig": "trainer"}
@@ -381,6 +484,13 @@ def _check_async_rollout(rollout: DictConfig) -> None:
         raise ConfigError(
             f"trainer.async_rollout=true needs rollout.engine=loop (got {rollout.get('engine')!r}): transformers "
             "generate samples from the global RNG, which the trainer thread shares, so the run would depend on timing"
+        )
+    if (rollout.get("speculative_reuse") or {}).get("enabled"):
+        raise ConfigError(
+            "trainer.async_rollout=true does not combine with rollout.speculative_reuse.enabled=true (SPEC-RL): its "
+            "drafts come from the rollout cache of the previous step, which the rollout generated ahead would read "
+            "before that step's rollout was cached, and its acceptance draws use the global RNG the trainer thread "
+            "shares"
         )
     if rollout.get("cache_implementation") == "static" and rollout.get("decode_graph") is not None:
         raise ConfigError(

@@ -13,6 +13,8 @@ import torch
 
 LOSS_MASK = "loss_mask"
 KL_PENALTY = "kl_penalty"  # (N, T) β·KL_t of algorithm.kl.mode=reward, per token (REINFORCE++ returns)
+UNSCORED = "unscored"  # (N,) bool: every reward term failed or returned None on the row (the reward stage)
+TOKEN_REWARDS = "token_rewards"  # (N, T) rewards at token positions (process rewards), beside the outcome reward
 IS_WEIGHTS = "is_weights"  # (N, T) importance weights on the per-token loss (train-inference correction)
 
 

@@ -6,9 +6,11 @@
   1 − ∏_{i=n−c+1}^{n} (1 − k/i) instead of with factorials.
 * ``maj_at_k`` — majority voting over k of the n answers (self-consistency, Wang et al., 2023),
   averaged over k-subsets: exactly over all of them when there are at most ``max_subsets``, else
-  over ``max_subsets`` subsets drawn with a fixed seed. Missing answers do not vote (verl counts them
-  as a vote; see shared/reference/conventions.md). Ties: ``tie="random"`` gives the expected
-  correctness of a uniformly random pick among the tied answers; ``tie="first"`` picks the tied answer
+  over ``max_subsets`` subsets drawn with a fixed seed. Missing answers do not vote (``missing="abstain"``);
+  ``missing="vote"`` (``eval.maj_missing``) counts them as one more answer, incorrect, which wins when no
+  answer outnumbers it (verl's ``calc_maj_val``, where a missing prediction is a vote key like any other).
+  Ties: ``tie="random"`` gives the expected correctness of a uniformly random pick among the tied answers;
+  ``tie="first"`` picks the tied answer
   that appears first in the subset (verl's rule).
 * ``bootstrap_ci`` — percentile bootstrap over problems for a per-problem statistic (pass@1).
 
@@ -52,12 +54,21 @@ def resolve_ks(ks: Sequence[int] | None, n: int, key: str = "eval.ks") -> list[i
     return sorted(set(check_ks(ks, n, key)))
 
 
-def majority_pick(clusters: Sequence[int | None], correct_of: dict[int, float], tie: str = "random") -> float:
+MAJ_MISSING = ("abstain", "vote")
+
+
+def majority_pick(
+    clusters: Sequence[int | None], correct_of: dict[int, float], tie: str = "random", missing: str = "abstain"
+) -> float:
     """Correctness of the majority answer among ``clusters`` (cluster id of each sample's answer,
-    ``None`` for no answer). ``correct_of`` maps a cluster id to its correctness (0/1)."""
-    votes = [c for c in clusters if c is not None]
+    ``None`` for no answer). ``correct_of`` maps a cluster id to its correctness (0/1). ``missing``: a
+    missing answer abstains, or (``vote``) is a vote for "no answer", correctness 0."""
+    if missing not in MAJ_MISSING:
+        raise ValueError(f"eval.maj_missing={missing!r} is not one of {MAJ_MISSING}")
+    votes = [c for c in clusters if c is not None or missing == "vote"]
     if not votes:
         return 0.0
+    correct_of = {**correct_of, None: 0.0}
     counts = Counter(votes)
     top = max(counts.values())
     tied = [c for c in counts if counts[c] == top]  # Counter keeps first-appearance order
@@ -75,6 +86,7 @@ def maj_at_k(
     tie: str = "random",
     max_subsets: int = 2000,
     seed: int = 0,
+    missing: str = "abstain",
 ) -> float:
     """maj@k for one problem, averaged over k-subsets of its n samples (see module docstring)."""
     n = len(clusters)
@@ -87,7 +99,7 @@ def maj_at_k(
         subsets = (rng.sample(range(n), k) for _ in range(max_subsets))
     total, count = 0.0, 0
     for idx in subsets:
-        total += majority_pick([clusters[i] for i in idx], correct_of, tie)
+        total += majority_pick([clusters[i] for i in idx], correct_of, tie, missing)
         count += 1
     return total / count
 
@@ -141,6 +153,7 @@ def summarize(
     num_resamples: int = 1000,
     ci_level: float = 0.95,
     seed: int = 0,
+    maj_missing: str = "abstain",
 ) -> dict[str, float]:
     """Benchmark-level metrics from per-problem, per-sample results (all problems have n samples).
 
@@ -163,7 +176,12 @@ def summarize(
     if clusters is not None and correct_of is not None:
         for k in resolve_ks(maj_ks if maj_ks is not None else [n], n, "eval.maj_ks"):
             m[f"maj_at_{k}"] = float(
-                np.mean([maj_at_k(cl, co, k, maj_tie, max_subsets, seed) for cl, co in zip(clusters, correct_of)])
+                np.mean(
+                    [
+                        maj_at_k(cl, co, k, maj_tie, max_subsets, seed, maj_missing)
+                        for cl, co in zip(clusters, correct_of)
+                    ]
+                )
             )
     flat_len = [x for row in lengths for x in row]
     if flat_len:

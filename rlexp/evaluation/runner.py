@@ -36,6 +36,7 @@ class EvalSettings:
     ks: list[int] | None = None  # pass@k for these k <= n (None: every k in 1..n)
     maj_ks: list[int] | None = None  # maj@k for these k <= n (None: k = n)
     maj_tie: str = "random"  # random (expected value over tied answers) | first (verl)
+    maj_missing: str = "abstain"  # a missing answer abstains | vote: it is a (wrong) vote (verl)
     max_subsets: int = 2000  # maj@k: exact over all k-subsets up to this many, else sampled
     greedy: bool | None = None  # None: greedy iff n == 1
     max_new_tokens: int | None = None  # None: the benchmark's, else the rollout's
@@ -55,6 +56,8 @@ class EvalSettings:
             raise ValueError(f"eval.limit={self.limit} must be >= 1 (or null)")
         if self.maj_tie not in ("random", "first"):
             raise ValueError(f"eval.maj_tie={self.maj_tie!r} is not one of ('random', 'first')")
+        if self.maj_missing not in ("abstain", "vote"):
+            raise ValueError(f"eval.maj_missing={self.maj_missing!r} is not one of ('abstain', 'vote')")
         from rlexp.config.schema import check_eval_ks
 
         check_eval_ks(self.n, self.ks, self.maj_ks)  # every k in 1..n (ConfigError naming eval.ks and eval.n)
@@ -198,6 +201,7 @@ class BenchmarkEvaluator:
             s.bootstrap,
             s.ci_level,
             s.seed,
+            s.maj_missing,
         )
         metrics["score_mean"] = float(np.mean(scores))
         metrics["no_answer_frac"] = float(np.mean([a is None for a in answers]))

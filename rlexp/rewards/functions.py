@@ -5,7 +5,9 @@ A TRL reward function (``GRPOTrainer(reward_funcs=[fn])``) is called once per ba
 arrives as a list with one entry per completion, and it returns one float (or ``None``: "does not apply",
 which TRL turns into NaN and leaves out of the sum) per completion. ``FunctionReward`` calls such a
 function the same way, so TRL's functions (``trl.rewards.accuracy_reward``, the ``reward_len`` of its docs)
-work unchanged; ``None`` scores 0 here, the same contribution to the weighted sum as TRL's nansum.
+work unchanged; ``None`` scores 0 here, the same contribution to the weighted sum as TRL's nansum, and is
+recorded as missing: a row that every term failed or left missing is "unscored" (``batch.extras["unscored"]``),
+which ``algorithm.unscored_rows=exclude`` leaves out of the advantage's statistics as TRL does.
 
 A function whose one parameter is a ``Sample`` (``def my_reward(sample) -> float``) is called per sample,
 as ``RewardTerm.score`` is. In a config, name the function itself::
@@ -112,7 +114,9 @@ class FunctionReward(RewardTerm):
                 f"reward function {self.name} returned {len(out)} rewards for {len(samples)} completions "
                 "(one per completion expected)"
             )
-        return TermResult([0.0 if r is None else float(r) for r in out], [False] * len(samples))
+        return TermResult(
+            [0.0 if r is None else float(r) for r in out], [False] * len(samples), [r is None for r in out]
+        )
 
     def trl_kwargs(self, samples: list[Sample]) -> dict:
         """TRL's call: prompts, completions, completion ids (when known) and every record column as a list."""

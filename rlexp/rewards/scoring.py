@@ -1,6 +1,9 @@
 """The reward stage: every term scores every sample; the weighted sum is the reward. A score that is not a finite
 number (NaN, ±inf, None from a group-aware term) stops the step before any update, naming the term and the sample
-(``NonFiniteRewardError``): it would otherwise poison the advantages and surface only as a non-finite gradient norm."""
+(``NonFiniteRewardError``): it would otherwise poison the advantages and surface only as a non-finite gradient norm.
+A sample that every term failed on (raised) or left missing (a reward function's None) is marked in
+``batch.extras["unscored"]`` (N,) bool; its reward is 0 and it counts like any row (verl) unless
+``algorithm.unscored_rows=exclude`` (TRL: out of the group statistics, advantage 0)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import math
 import torch
 
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import UNSCORED
 from rlexp.rewards.terms import RewardTerm, Sample
 
 
@@ -62,17 +66,20 @@ def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
     if not terms:
         raise ValueError("reward.terms is empty: configure at least one reward term")
     samples = samples_of(batch)
-    cols, fails = [], []
+    cols, fails, unscored = [], [], [True] * len(samples)
     for name, term in terms.items():
         res = term(samples)
         if len(res.scores) != len(samples):
             raise ValueError(f"reward term {name!r} returned {len(res.scores)} scores for {len(samples)} samples")
         cols.append(_finite_scores(name, res.scores, batch))
         fails.append(res.failures or [False] * len(samples))
+        missing = res.missing or [False] * len(samples)
+        unscored = [u and (f or m) for u, f, m in zip(unscored, fails[-1], missing)]
     device = batch.completion_ids.device
     batch.rewards = torch.tensor(cols, dtype=torch.float32, device=device).T.contiguous()
     batch.reward_failures = torch.tensor(fails, dtype=torch.bool, device=device).T.contiguous()
     batch.reward_names = list(terms)
+    batch.extras[UNSCORED] = torch.tensor(unscored, dtype=torch.bool, device=device)
     for name, t in terms.items():
         if not math.isfinite(t.weight):
             raise NonFiniteRewardError(f"reward.terms.{name}.weight={t.weight}: must be a finite number")

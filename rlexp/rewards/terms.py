@@ -32,7 +32,8 @@ class Sample:
 @dataclass
 class TermResult:
     scores: list[float]
-    failures: list[bool] = field(default_factory=list)
+    failures: list[bool] = field(default_factory=list)  # the term raised on the sample (scored 0)
+    missing: list[bool] = field(default_factory=list)  # the term returned None, "does not apply" (scored 0)
 
 
 class RewardTerm:

@@ -123,17 +123,20 @@ def sampling_generator(generator: torch.Generator | None):
         _SAMPLING.generator = saved
 
 
-def sample_categorical(probs: torch.Tensor, method: str = "auto", block: int = 256) -> torch.Tensor:
+def sample_categorical(
+    probs: torch.Tensor, method: str = "auto", block: int = 256, uniform: torch.Tensor | None = None
+) -> torch.Tensor:
     """One draw per row of (N, V) non-negative weights (probabilities, or any positive multiple of
     them). ``race``: argmax(p / E), E ~ Exp(1) — no host synchronisation (CUDA); ``inverse_cdf``: the
     first index whose cumulative weight exceeds a uniform draw in [0, total) (CPU, where
-    ``exponential_`` is slow); ``auto`` picks by device.
+    ``exponential_`` is slow); ``auto`` picks by device. ``uniform``: the (N, 1) draws in [0, 1) to
+    use (inverse CDF only; else drawn here), so a row's token can follow a stream of its own.
 
     The inverse CDF is two-level: the cumulative sum runs over ``block``-sized block totals, then
     inside the one chosen block — a full-width ``cumsum`` is a serial scan, ~4x slower on the CPU than
     the block sums. Only indices with positive weight can be drawn."""
     if method == "auto":
-        method = "race" if probs.is_cuda else "inverse_cdf"
+        method = "race" if probs.is_cuda and uniform is None else "inverse_cdf"
     generator = getattr(_SAMPLING, "generator", None)  # sampling_generator's, else the global RNG
     if method == "race":
         return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
@@ -143,7 +146,9 @@ def sample_categorical(probs: torch.Tensor, method: str = "auto", block: int = 2
     blocks = probs.view(N, -1, block)
     nb = blocks.shape[1]
     block_cdf = blocks.sum(-1).cumsum(-1)  # (N, nb)
-    u = torch.rand(N, 1, dtype=block_cdf.dtype, device=block_cdf.device, generator=generator) * block_cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(N, 1, dtype=block_cdf.dtype, device=block_cdf.device, generator=generator)
+    u = uniform.to(block_cdf.dtype).view(N, 1) * block_cdf[:, -1:]
     b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)  # block_cdf[b-1] <= u < block_cdf[b]
     below = block_cdf.gather(-1, (b - 1).clamp(min=0)) * (b > 0)
     inner = blocks.gather(1, b[:, :, None].expand(N, 1, block)).squeeze(1).cumsum(-1)
@@ -154,8 +159,11 @@ def sample_categorical(probs: torch.Tensor, method: str = "auto", block: int = 2
     return (b * block + j).squeeze(-1)
 
 
-def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (N,) and their log-probs (N,) under softmax(logits / temperature)."""
+def pick_tokens(
+    logits: torch.Tensor, s: Sampling, uniform: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens (N,) and their log-probs (N,) under softmax(logits / temperature); ``uniform``: (N, 1)
+    draws to sample with (inverse CDF; ``sample_categorical``)."""
     scaled = logits.float()
     if s.temperature != 1.0:
         scaled = scaled / s.temperature
@@ -163,7 +171,7 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
     if s.greedy:
         tokens = logits.argmax(-1)
     elif not s.top_k and s.top_p >= 1.0:
-        tokens = sample_categorical(logp.exp())  # exp of the log-softmax: one pass, not a second softmax
+        tokens = sample_categorical(logp.exp(), uniform=uniform)  # exp of the log-softmax: not a second softmax
     else:
         kept = scaled
         if s.top_k and s.top_k < kept.shape[-1]:
@@ -175,7 +183,7 @@ def pick_tokens(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.
             drop_sorted = probs_sorted.cumsum(-1) - probs_sorted > s.top_p  # keeps at least the top token
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             kept = kept.masked_fill(drop, float("-inf"))
-        tokens = sample_categorical(torch.softmax(kept, -1))
+        tokens = sample_categorical(torch.softmax(kept, -1), uniform=uniform)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -253,10 +261,36 @@ def prefill_static(model, cache, prompt_ids, prompt_mask, positions, repeats: in
     out = model(
         input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=last
     )
-    cache.reset()
-    for static_layer, layer in zip(cache.layers, out.past_key_values.layers):
-        static_layer.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0))
+    fill_static(cache, out.past_key_values, repeats)
     return out.logits[:, -1].repeat_interleave(repeats, 0)
+
+
+def fill_static(cache, prefilled, repeats: int) -> None:
+    """Reset the static ``cache`` and write the prefilled (dynamic) cache of U prompts into it, each prompt's
+    keys and values ``repeats`` times, row-major."""
+    cache.reset()
+    for static_layer, layer in zip(cache.layers, prefilled.layers):
+        static_layer.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0))
+
+
+def expanded(cache, repeats: int, capacity: int):
+    """A new cache of U·``repeats`` rows (``preallocate``) from a prefilled dynamic cache of U prompts, which
+    stays as it is (each micro-group of ``DecodeLoop.run`` starts from the same prompt cache)."""
+    import copy
+
+    out = copy.copy(cache)
+    out.layers = [layer if type(layer) is DynamicLayer else copy.deepcopy(layer) for layer in cache.layers]
+    preallocate(out, repeats, capacity)
+    return out
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by the keys and values of a KV cache (a preallocated layer: its whole buffers)."""
+    total = 0
+    for layer in cache.layers:
+        pair = (layer._k, layer._v) if isinstance(layer, PreallocatedLayer) else (layer.keys, layer.values)
+        total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
+    return total
 
 
 class DecodeLoop:
@@ -283,6 +317,7 @@ class DecodeLoop:
         self._caches: dict = {}
         self._steps: dict = {}
         self._states: dict = {}
+        self.last_stats: dict = {}  # of the last eager run: peak KV-cache megabytes, micro-group rounds
 
     # ---- pieces ----------------------------------------------------------------------------------
     def _static_cache(self, model, batch: int, length: int):
@@ -355,11 +390,23 @@ class DecodeLoop:
         eos_ids: list[int],
         pad_id: int,
         sampling: Sampling,
+        micro_group: int = 0,
+        row_streams: bool = False,
+        budgets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Completions (U·G, T) and their sampling log-probs (U·G, T) for left-padded prompts (U, P);
         rows are prompt-major (the G completions of prompt u are rows u·G … u·G+G−1); tokens after a
         row's EOS are ``pad_id`` with log-prob 0; T ≤ ``max_new_tokens`` (the loop stops once every
-        row has finished)."""
+        row has finished).
+
+        ``micro_group`` (Infinite Sampling's micro sampling groups): decode each prompt's G completions
+        in rounds of ``micro_group`` rows per prompt; the prompts are prefilled once and their cache is
+        expanded per round, so the KV cache and the per-token activations hold U·micro_group rows, not U·G.
+        ``row_streams``: the sampling uniforms are drawn up front, one stream of ``max_new_tokens`` per
+        row (inverse-CDF sampling on every device), so a row's tokens do not depend on which rows are
+        decoded beside it: the same seed gives the same tokens for every ``micro_group``.
+        ``budgets``: (U·G,) most tokens per row (a row stops after its budget; SPEC-RL's continuations).
+        ``last_stats`` holds the peak KV-cache megabytes and the number of rounds."""
         device = prompt_ids.device
         G = num_generations
         U, P = prompt_ids.shape
@@ -376,42 +423,99 @@ class DecodeLoop:
         last = last_position(P, device)
 
         if self.graph in CAPTURED:
+            if micro_group or row_streams or budgets is not None:
+                raise ValueError(
+                    f"decode graph {self.graph!r} decodes whole groups: micro groups, per-row streams and budgets "
+                    "need the eager loop"
+                )
             with torch.autocast(device.type, enabled=False):  # the graph computes in the model's dtype
                 return self._run_captured(
                     model, prompt_ids, G, max_new_tokens, steps, eos_ids, pad_id, sampling, mask, positions, last
                 )
-        if self.static:
-            cache = self._static_cache(model, B, L)
-            logits = prefill_static(model, cache, prompt_ids, prompt_mask, positions, G, last)
-        else:  # one prefill per distinct prompt, then its cache repeated G times into preallocated buffers
-            out = model(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=last,
-            )
-            cache = out.past_key_values
-            preallocate(cache, G, L)
-            logits = out.logits[:, -1].repeat_interleave(G, 0)
-            del out
+        noise = None
+        if row_streams and not sampling.greedy:
+            generator = getattr(_SAMPLING, "generator", None)  # sampling_generator's, else the global RNG
+            noise = torch.rand(B, max_new_tokens, device=device, generator=generator)
+        g = micro_group if 0 < micro_group < G else G
+        # one prefill per distinct prompt; every round of g completions per prompt starts from its cache
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=last,
+        )
+        prefilled, first_logits = out.past_key_values, out.logits[:, -1]
+        del out
         compile = self.graph == "compile" and device.type == "cuda"  # reduce-overhead = CUDA graphs
         step = self._step_fn(model, compile) if self.static else model
-
         eos = torch.tensor(eos_ids, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float, device=device)
+        rounds, peak = [], 0
+        for start in range(0, G, g):
+            gg = min(g, G - start)
+            rows = (torch.arange(U, device=device)[:, None] * G + start + torch.arange(gg, device=device)).flatten()
+            if self.static:
+                cache = self._static_cache(model, U * gg, L)
+                fill_static(cache, prefilled, gg)
+            elif gg == G:  # the whole group at once: expand the prompt cache in place
+                cache = prefilled
+                preallocate(cache, G, L)
+            else:
+                cache = expanded(prefilled, gg, L)
+            peak = max(peak, cache_bytes(cache))
+            rounds.append(
+                (
+                    rows,
+                    *self._decode(
+                        step,
+                        cache,
+                        first_logits.repeat_interleave(gg, 0),
+                        mask[rows],
+                        lengths[rows],
+                        P,
+                        max_new_tokens,
+                        eos,
+                        pad_id,
+                        sampling,
+                        compile,
+                        None if noise is None else noise[rows],
+                        None if budgets is None else budgets[rows],
+                    ),
+                )
+            )
+            del cache
+        self.last_stats = {"kv_cache_mb": peak / 2**20, "micro_groups": float(len(rounds))}
+        if len(rounds) == 1:
+            return rounds[0][1], rounds[0][2]
+        T = max(r[1].shape[1] for r in rounds)
+        tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(B, T, dtype=torch.float, device=device)
+        for rows, tok, lp in rounds:
+            tokens[rows, : tok.shape[1]] = tok
+            logprobs[rows, : lp.shape[1]] = lp
+        return tokens, logprobs
+
+    def _decode(
+        self, step, cache, logits, mask, lengths, P, max_new_tokens, eos, pad_id, sampling, compile, noise, budgets
+    ):
+        """The token loop over a prefilled cache of N rows: (N, t) tokens and log-probs, t ≤ ``max_new_tokens``."""
+        device = logits.device
+        N = logits.shape[0]
+        done = torch.zeros(N, dtype=torch.bool, device=device)
+        tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(N, max_new_tokens, dtype=torch.float, device=device)
         cache_positions = torch.arange(P, P + max_new_tokens, device=device)
         check_every = self.stop_check_every if device.type == "cuda" else 1
         t = 0
         while True:
-            tok, lp = pick_tokens(logits, sampling)
+            tok, lp = pick_tokens(logits, sampling, None if noise is None else noise[:, t : t + 1])
             tok = tok.masked_fill(done, pad_id)
             tokens[:, t] = tok
             logprobs[:, t] = lp.masked_fill(done, 0.0)
             done |= torch.isin(tok, eos)
             t += 1
+            if budgets is not None:
+                done |= budgets <= t
             if t == max_new_tokens or (t % check_every == 0 and bool(done.all())):
                 break
             if compile:

@@ -12,12 +12,14 @@ are off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlexp.rollout.decode import CAPTURED, GRAPHS, DecodeLoop, Sampling
+from rlexp.rollout.speculative import RolloutCache, SpeculativeReuse, accepted_lengths
 
 
 class SampledLogprobRecorder(LogitsProcessor):
@@ -49,6 +51,7 @@ class RolloutOutput:
     logprobs: torch.Tensor
     truncated: torch.Tensor
     texts: list[str]
+    stats: dict = field(default_factory=dict)  # per-rollout scalars for the trainer's metrics
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +79,13 @@ class HFRollout:
     reduce-overhead, a one-time compile per shape), ``capture`` (whole token steps, sampling
     included, captured by rlexp; see ``rlexp.rollout.decode``) or ``capture_compiled`` (the same
     steps compiled by Inductor, then captured) — so ``pad_to_multiple_of`` buckets
-    prompt lengths to bound the shapes."""
+    prompt lengths to bound the shapes.
+
+    ``micro_group_size`` (engine=loop): Infinite Sampling's micro sampling groups — each prompt's G completions
+    are decoded in rounds of that many over one prefill of the prompt (``DecodeLoop.run``), with one sampling
+    stream per completion, so the tokens do not depend on the size. ``speculative_reuse`` (engine=loop):
+    SPEC-RL's speculative rollouts (``rlexp.rollout.speculative``) for the calls that ask for it (``reuse=True``:
+    the trainer's rollouts)."""
 
     def __init__(
         self,
@@ -91,6 +100,8 @@ class HFRollout:
         engine: str = "loop",
         stop_check_every: int = 8,
         decode_graph: str | None = "compile",
+        micro_group_size: int = 0,
+        speculative_reuse: dict | None = None,
     ):
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
@@ -121,6 +132,27 @@ class HFRollout:
             raise ValueError(f"rollout.inference_dtype={inference_dtype!r} is not one of {list(INFERENCE_DTYPES)}")
         self.inference_dtype = inference_dtype
         self._shadow = None
+        if micro_group_size < 0:
+            raise ValueError(f"rollout.micro_group_size must be >= 0, got {micro_group_size}")
+        self.micro_group_size = micro_group_size
+        spec = SpeculativeReuse(**(speculative_reuse or {}))
+        self.speculative = spec if spec.enabled else None
+        self.cache = RolloutCache() if self.speculative else None
+        needs_loop = [
+            k for k, on in (("micro_group_size", micro_group_size), ("speculative_reuse.enabled", spec.enabled)) if on
+        ]
+        for key in needs_loop:
+            if self._loop is None or self._loop.graph in CAPTURED:
+                raise ValueError(
+                    f"rollout.{key} needs rollout.engine=loop without a captured decode graph "
+                    f"(got engine={engine!r}, decode_graph={decode_graph!r})"
+                )
+        if self.speculative and (top_k or top_p < 1.0):
+            raise ValueError(
+                "rollout.speculative_reuse.enabled: the cached draft log-probs are those of softmax(logits / "
+                f"temperature), not of a top-k/top-p filtered distribution; set rollout.top_k=0 and rollout.top_p=1.0 "
+                f"(got {top_k}, {top_p})"
+            )
 
     @property
     def shadow(self):
@@ -178,13 +210,18 @@ class HFRollout:
         num_generations: int = 1,
         greedy: bool = False,
         max_new_tokens: int | None = None,
+        reuse: bool = False,
         use_shadow: bool = True,
     ) -> RolloutOutput:
-        """``use_shadow=False``: generate with ``model`` as given (a ``generation_copy``), not the shadow."""
+        """``reuse``: draft from (and cache) earlier completions of the same prompts (``speculative_reuse``).
+        ``use_shadow=False``: generate with ``model`` as given (a ``generation_copy``), not the shadow."""
         if use_shadow:
             model = self.inference_model(model)
+        if reuse and self.speculative is not None and not greedy:
+            return self._generate_speculative(model, tokenizer, prompts, num_generations, max_new_tokens)
         if self._loop is not None:
-            per_call = max(1, self.micro_batch // num_generations) if self.micro_batch else len(prompts)
+            rows = self._rows_per_prompt(num_generations)
+            per_call = max(1, self.micro_batch // rows) if self.micro_batch else len(prompts)
             parts = [
                 self._generate_loop(
                     model,
@@ -204,6 +241,10 @@ class HFRollout:
             for i in range(0, len(rows), step)
         ]
         return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+
+    def _rows_per_prompt(self, num_generations: int) -> int:
+        """Completions of one prompt decoded together (a micro group, else the group)."""
+        return min(num_generations, self.micro_group_size) if self.micro_group_size else num_generations
 
     def _encode(self, model, tokenizer, rows):
         device = next(model.parameters()).device
@@ -232,10 +273,12 @@ class HFRollout:
             eos_ids,
             tokenizer.pad_token_id,
             sampling,
+            micro_group=self.micro_group_size,
+            row_streams=self.micro_group_size > 0,
         )
         model.train(was_training)
         G = num_generations
-        return _finish(
+        out = _finish(
             tokenizer,
             enc["input_ids"].repeat_interleave(G, 0),
             enc["attention_mask"].repeat_interleave(G, 0),
@@ -243,6 +286,144 @@ class HFRollout:
             logprobs,
             eos_ids,
         )
+        out.stats = {f"rollout/{k}": v for k, v in self._loop.last_stats.items()}
+        return out
+
+    def _sampling(self, greedy: bool = False) -> Sampling:
+        return Sampling(self.temperature, 0 if greedy else self.top_k, 1.0 if greedy else self.top_p, greedy)
+
+    def _decode_rows(self, model, ids, mask, G, max_new_tokens, eos_ids, pad_id, budgets=None):
+        """``DecodeLoop.run`` over left-padded prompts (U, P), ``micro_batch`` rows at a time (whole groups); the
+        (U·G, T) tokens and log-probs, right-padded."""
+        U = ids.shape[0]
+        per_call = max(1, self.micro_batch // self._rows_per_prompt(G)) if self.micro_batch else U
+        toks, lps = [], []
+        for i in range(0, U, per_call):
+            t, lp = self._loop.run(
+                model,
+                ids[i : i + per_call],
+                mask[i : i + per_call],
+                G,
+                max_new_tokens,
+                eos_ids,
+                pad_id,
+                self._sampling(),
+                micro_group=self.micro_group_size,
+                row_streams=self.micro_group_size > 0,
+                budgets=None if budgets is None else budgets[i * G : (i + per_call) * G],
+            )
+            toks.append(t)
+            lps.append(lp)
+        return _pad_right(toks, pad_id), _pad_right(lps, 0.0)
+
+    def _generate_speculative(self, model, tokenizer, prompts, G, max_new_tokens) -> RolloutOutput:
+        """SPEC-RL (``rlexp.rollout.speculative``): prompts without cached drafts are decoded as usual; the others'
+        drafts are verified by one forward of the current policy, reused up to their first rejected token and
+        continued from there by the decode loop (each continuation within what is left of ``max_new_tokens``)."""
+        from rlexp.core.forward import token_logprobs
+
+        T_max = max_new_tokens or self.max_new_tokens
+        enc, eos_ids = self._encode(model, tokenizer, prompts)
+        ids, pmask = enc["input_ids"], enc["attention_mask"]
+        device, pad = ids.device, tokenizer.pad_token_id
+        U = ids.shape[0]
+        drafts = [self.cache.get(p, G) for p in prompts]
+        drafted = [u for u in range(U) if drafts[u] is not None]
+        fresh = [u for u in range(U) if drafts[u] is None]
+        rows_ids: list = [None] * (U * G)
+        rows_lp: list = [None] * (U * G)
+        was_training = model.training
+        model.eval()
+        stats = {"spec/drafted_frac": len(drafted) / max(U, 1), "spec/cache_prompts": float(len(self.cache))}
+        verify_s = 0.0
+        accepted = drafted_tokens = full = 0
+        if fresh:
+            tok, lp = self._decode_rows(model, ids[fresh], pmask[fresh], G, T_max, eos_ids, pad)
+            for i, u in enumerate(fresh):
+                for j in range(G):
+                    rows_ids[u * G + j], rows_lp[u * G + j] = tok[i * G + j], lp[i * G + j]
+        if drafted:
+            t0 = time.perf_counter()
+            d = [drafts[u][j] for u in drafted for j in range(G)]
+            lengths = torch.tensor([min(len(x), T_max) for x, _ in d], device=device)
+            W = int(lengths.max())
+            d_ids = torch.full((len(d), W), pad, dtype=torch.long, device=device)
+            d_old = torch.zeros(len(d), W, device=device)
+            for r, (x, q) in enumerate(d):
+                n = int(lengths[r])
+                d_ids[r, :n], d_old[r, :n] = x[:n].to(device), q[:n].to(device)
+            d_mask = (torch.arange(W, device=device)[None] < lengths[:, None]).long()
+            p_ids, p_mask = ids[drafted].repeat_interleave(G, 0), pmask[drafted].repeat_interleave(G, 0)
+            d_new = self._verify(model, token_logprobs, p_ids, p_mask, d_ids, d_mask, G)
+            cut = accepted_lengths(d_old, d_new, d_mask, self.speculative.lenience)
+            verify_s = time.perf_counter() - t0
+            accepted, drafted_tokens = int(cut.sum()), int(lengths.sum())
+            partial = (cut < lengths).nonzero().flatten().tolist()
+            full = len(d) - len(partial)
+            cont = {}
+            if partial:  # continue from the first rejected position: context = prompt + accepted prefix
+                ctx = [torch.cat([p_ids[r][p_mask[r].bool()], d_ids[r, : int(cut[r])]]) for r in partial]
+                width = max(len(c) for c in ctx)
+                c_ids = torch.full((len(ctx), width), pad, dtype=torch.long, device=device)
+                c_mask = torch.zeros(len(ctx), width, dtype=pmask.dtype, device=device)
+                for i, c in enumerate(ctx):
+                    c_ids[i, width - len(c) :], c_mask[i, width - len(c) :] = c, 1
+                budgets = T_max - cut[partial]
+                tok, lp = self._decode_rows(model, c_ids, c_mask, 1, int(budgets.max()), eos_ids, pad, budgets)
+                left = budgets.tolist()  # a row's tokens past its budget are padding: cut them off
+                cont = {r: (tok[i, : left[i]], lp[i, : left[i]]) for i, r in enumerate(partial)}
+            for r in range(len(d)):
+                u, j = drafted[r // G], r % G
+                k = int(cut[r])
+                x, lp_r = d_ids[r, :k], d_new[r, :k]
+                if r in cont:
+                    x, lp_r = torch.cat([x, cont[r][0]]), torch.cat([lp_r, cont[r][1]])
+                rows_ids[u * G + j], rows_lp[u * G + j] = x, lp_r
+        model.train(was_training)
+        completion = _pad_right([x[None] for x in rows_ids], pad)
+        logprobs = _pad_right([x[None].float() for x in rows_lp], 0.0)
+        out = _finish(
+            tokenizer, ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0), completion, logprobs, eos_ids
+        )
+        for u, p in enumerate(prompts):
+            rows = slice(u * G, (u + 1) * G)
+            self.cache.put(p, out.completion_ids[rows], out.logprobs[rows], out.completion_mask[rows])
+        n_rows = U * G
+        stats.update(
+            {
+                "spec/accepted_frac": accepted / drafted_tokens if drafted_tokens else 0.0,
+                "spec/reused_tokens_mean": accepted / n_rows,
+                "spec/reused_token_frac": accepted / max(float(out.completion_mask.sum()), 1.0),
+                "spec/full_reuse_frac": full / n_rows,
+                "time/spec_verify_s": verify_s,
+            }
+        )
+        out.stats = stats
+        return out
+
+    def _verify(self, model, token_logprobs, p_ids, p_mask, d_ids, d_mask, G):
+        """π_new's (N, T) log-probs of the drafts at the sampling temperature, ``verify_micro_batch`` rows (whole
+        groups) per forward, each prompt run once per group, under the caller's autocast."""
+        device = p_ids.device
+        autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        n = self.speculative.verify_micro_batch
+        step = max(G, n // G * G) if n else p_ids.shape[0]
+        parts = []
+        for i in range(0, p_ids.shape[0], step):
+            s = slice(i, i + step)
+            lp, _ = token_logprobs(
+                model, p_ids[s], p_mask[s], d_ids[s], d_mask[s], self.temperature, autocast_dtype=autocast
+            )
+            parts.append(lp.float() * d_mask[s])
+        return torch.cat(parts)
+
+    def state_dict(self) -> dict | None:
+        """The speculative-reuse cache (None without one): saved with checkpoints."""
+        return {"speculative_cache": self.cache.state_dict()} if self.cache is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.cache is not None and state and "speculative_cache" in state:
+            self.cache.load_state_dict(state["speculative_cache"])
 
     def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
         enc, eos_ids = self._encode(model, tokenizer, rows)
@@ -282,6 +463,12 @@ def _finish(tokenizer, prompt_ids, prompt_mask, completion, logprobs, eos_ids) -
     )
 
 
+def _pad_right(parts: list[torch.Tensor], value) -> torch.Tensor:
+    """Row-wise concatenation of (n, t) tensors, each right-padded with ``value`` to the widest."""
+    w = max(t.shape[1] for t in parts)
+    return torch.cat([torch.nn.functional.pad(t, (0, w - t.shape[1]), value=value) for t in parts])
+
+
 def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
     def pad(ts, left, value=0):
         w = max(t.shape[1] for t in ts)
@@ -300,4 +487,5 @@ def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
         pad([p.logprobs for p in parts], False),
         torch.cat([p.truncated for p in parts]),
         [t for p in parts for t in p.texts],
+        {k: max(p.stats.get(k, 0.0) for p in parts) for k in parts[0].stats},  # per call: the largest
     )

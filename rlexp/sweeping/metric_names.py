@@ -32,6 +32,7 @@ from rlexp.sweeping.settings import SweepConfigError
 ALWAYS = (
     "reward/mean",
     "reward/std",
+    "reward/unscored",
     "groups/zero_variance_frac",
     "advantage/mean",
     "advantage/std",
@@ -63,6 +64,10 @@ SOMETIMES = (
     "clip/low_frac",
     "clip/high_frac",
     "clip/region_frac",
+    "clip/dual_frac",
+    "clip/low_seq_min",
+    "clip/high_seq_max",
+    "clip/bound_frac",
     "ratio/mean",
     "ratio/min",
     "ratio/max",
@@ -118,6 +123,15 @@ SOMETIMES = (
     "async/version_lag",
     "time/consistency_s",
     "time/greedy_generate_s",
+    "rollout/kv_cache_mb",
+    "rollout/micro_groups",
+    "spec/drafted_frac",
+    "spec/cache_prompts",
+    "spec/accepted_frac",
+    "spec/reused_tokens_mean",
+    "spec/reused_token_frac",
+    "spec/full_reuse_frac",
+    "time/spec_verify_s",
 )
 # namespaces whose names all follow from the config: anything else there is refused
 CLOSED = ("reward", "eval", "length", "groups", "advantage")

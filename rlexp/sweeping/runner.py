@@ -2,7 +2,7 @@
 job through the configured launcher, tell Optuna how it ended; keep ``n_jobs`` trials in flight.
 
 - Asynchronous: a new trial starts as soon as one ends (no idle worker while a batch finishes),
-  for launchers that run jobs out of process (joblib, submitit, ray). The basic launcher runs jobs
+  for launchers that run jobs out of process (joblib, submitit, rlexp_ray). The basic launcher runs jobs
   in this process, one at a time.
 - Study-wide budget: ``n_trials`` counts every trial of the study, so a re-run (resume) or a second
   worker on the same storage only adds what is missing; trial number = Hydra job number, so job
@@ -208,7 +208,7 @@ class OptunaSweep:
         if sequential and settings.n_jobs > 1:
             log.info(
                 "hydra.sweeper.n_jobs=%d with the basic launcher: it runs one job at a time in this "
-                "process; use hydra/launcher=joblib (or submitit/ray) for parallel trials",
+                "process; use hydra/launcher=joblib (or slurm, submitit_local, rlexp_ray) for parallel trials",
                 settings.n_jobs,
             )
         self.sampler_cfg = settings.sampler

@@ -100,6 +100,7 @@ def save_checkpoint(
     critic=None,
     keep: int = 1,
     optimizer_state: bool = True,
+    rollout=None,
     pending=None,
 ) -> Path:
     """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
@@ -119,6 +120,8 @@ def save_checkpoint(
                 "rng": rng_state(),
                 "reference": reference.state_dict() if reference else None,
                 "critic": critic.state_dict() if critic is not None else None,
+                # the rollout engine's own state (SPEC-RL's cache of earlier completions), if it keeps one
+                "rollout": rollout.state_dict() if hasattr(rollout, "state_dict") else None,
                 "async_rollout": pending.state_dict() if pending is not None else None,
             },
             tmp / "state.pt",
@@ -279,7 +282,7 @@ def prune(root: Path, keep: int) -> None:
 
 
 def load_checkpoint(
-    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, pending=None
+    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None, pending=None
 ) -> dict:
     from safetensors.torch import load_file
 
@@ -304,6 +307,10 @@ def load_checkpoint(
         reference.load_state_dict(blob["reference"])
     if critic is not None:
         critic.load_state_dict(blob.get("critic"), model)
+    if hasattr(rollout, "load_state_dict"):
+        if blob.get("rollout") is None and getattr(rollout, "cache", None) is not None:
+            log.warning("checkpoint %s holds no rollout cache: speculative reuse starts from an empty one", path)
+        rollout.load_state_dict(blob.get("rollout"))
     ahead = blob.get("async_rollout")
     if pending is not None:
         pending.load_state_dict(ahead, next(model.parameters()).device)

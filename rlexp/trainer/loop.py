@@ -226,7 +226,9 @@ class Trainer:
             ),
             record_function("rlexp.generate"),
         ):
-            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G)
+            # SPEC-RL's speculative reuse (rollout.speculative_reuse) drafts from the prompts' earlier rollouts
+            reuse = {"reuse": True} if getattr(self.rollout, "speculative", None) is not None else {}
+            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
         return self.scored_batch(records, prompts, out)
 
     def scored_batch(self, records: list[dict], prompts: list[str], out) -> RolloutBatch:
@@ -249,6 +251,7 @@ class Trainer:
             completions=out.texts,
             records=[r for r in records for _ in range(G)],
         )
+        batch.stats.update(getattr(out, "stats", None) or {})
         t = time.perf_counter()
         with record_function("rlexp.score"):
             score(batch, self.reward_terms)
@@ -321,7 +324,10 @@ class Trainer:
             )
             if self.algo.kl.coef > 0 and self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
-                kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator) * batch.completion_mask
+                kl_tokens = (
+                    kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp)
+                    * batch.completion_mask
+                )
                 kl = kl_tokens.sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 # per token too: an estimator that pays rewards per token (REINFORCE++) charges each token the KL
@@ -345,7 +351,7 @@ class Trainer:
             batch.extras[IS_WEIGHTS] = weights
             kl_metrics.update(correction_stats)
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
-            batch.advantages = self.algo.advantage(batch)
+            batch.advantages = self.algo.compute_advantages(batch)
             train = policy_update(
                 self.train_model,
                 self.optimizer,
@@ -411,6 +417,7 @@ class Trainer:
                 sampler=self.sampler,
                 reference=self.reference,
                 critic=self.algo.critic,
+                rollout=self.rollout,
                 pending=self.ahead,
             )
         if found is not None:
@@ -526,6 +533,7 @@ class Trainer:
                         reference=self.reference,
                         tracker_ids=ids,
                         critic=self.algo.critic,
+                        rollout=self.rollout,
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                         pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept

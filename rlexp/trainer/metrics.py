@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import UNSCORED
 from rlexp.core.stats import group_stats
 
 
@@ -18,6 +19,8 @@ def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, f
         m[f"reward/{name}/mean"] = float(col.mean())
         m[f"reward/{name}/std"] = float(col.std()) if len(col) > 1 else 0.0
         m[f"reward/{name}/failures"] = float(batch.reward_failures[:, j].float().sum())
+    if UNSCORED in batch.extras:  # rows no term scored (algorithm.unscored_rows: counted, or left out as TRL)
+        m["reward/unscored"] = float(batch.extras[UNSCORED].float().sum())
     _, std, count = group_stats(r, batch.group_ids)
     m["groups/zero_variance_frac"] = float((std[count > 1] <= 1e-8).float().mean()) if (count > 1).any() else 0.0
     if accuracy_term and accuracy_term in batch.reward_names:

@@ -21,6 +21,24 @@ def _add(acc: dict, key: str, value: torch.Tensor, fold=torch.add) -> None:
     acc[key] = value if key not in acc else fold(acc[key], value)
 
 
+# TRL's clip_ratio/low_min and /high_max: over the sequences of a step, the extreme of each sequence's clipped share
+SEQ_EXTREMES = {"clip/low_frac": "clip/low_seq_min", "clip/high_frac": "clip/high_seq_max"}
+
+
+def _add_seq_extremes(acc: dict, stats: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Fold this micro-batch's per-sequence clipped shares into the optimiser step's min (low) / max (high), on the
+    device (no host synchronisation; a micro-batch of empty rows gives ±inf, which the host fold skips)."""
+    m = mask.float()
+    empty = m.sum(-1) == 0
+    for key, name in SEQ_EXTREMES.items():
+        if key in stats:
+            per_row = (stats[key].detach().float() * m).sum(-1) / m.sum(-1).clamp(min=1)
+            if name.endswith("_min"):
+                _add(acc, name, per_row.masked_fill(empty, float("inf")).min(), torch.minimum)
+            else:
+                _add(acc, name, per_row.masked_fill(empty, float("-inf")).max(), torch.maximum)
+
+
 def _to_host(acc: dict[str, torch.Tensor]) -> dict[str, float]:
     if not acc:
         return {}
@@ -110,7 +128,7 @@ def policy_update(
         else:
             part_old = part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs
         plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens)
-        norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length)
+        norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length, algo.token_count_guard)
         steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
@@ -193,6 +211,7 @@ def policy_update(
                 _add(pass_sums, "entropy/mean", (entropy.detach() * lm).sum())
                 for k, v in out.token_stats.items():
                     _add(pass_sums, k, (v.detach().float() * lm).sum())
+                _add_seq_extremes(pass_sums, out.token_stats, lm)
                 if "ratio/mean" in out.token_stats:
                     r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
                     _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
@@ -204,6 +223,10 @@ def policy_update(
                 v = pass_sums.pop(k, None)
                 if v is not None and abs(v) != float("inf"):
                     sums[k] = fold(sums[k], v) if k in sums else v
+            for k in SEQ_EXTREMES.values():  # the optimiser step's extreme, averaged over the steps
+                v = pass_sums.pop(k, None)
+                if v is not None and abs(v) != float("inf"):
+                    sums[k] += v / n_steps
             if first_step:
                 mismatch = mismatch_metrics(pass_sums)
             params = [q for q in model.parameters() if q.grad is not None]

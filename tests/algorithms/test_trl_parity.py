@@ -63,6 +63,8 @@ def trl_loss(
     top_entropy_quantile=1.0,
     tau_pos=1.0,
     tau_neg=1.05,
+    use_bias_correction_kl=False,
+    metrics=None,
 ):
     stub = SimpleNamespace(
         top_entropy_quantile=top_entropy_quantile,
@@ -80,9 +82,9 @@ def trl_loss(
         max_completion_length=T,
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        _metrics={"train": defaultdict(list) if metrics is None else metrics, "eval": defaultdict(list)},
         args=SimpleNamespace(
-            use_bias_correction_kl=False,
+            use_bias_correction_kl=use_bias_correction_kl,
             delta=None,
             sapo_temperature_pos=tau_pos,
             sapo_temperature_neg=tau_neg,

@@ -172,6 +172,7 @@ def test_one_step_off_policy_experiment_runs_two_steps(tiny_cfg):
         ("rollout=vllm", "rollout=hf"),
         ("trainer.async_rollout_threads=0", "trainer.async_rollout_threads"),
         ("rollout=hf_static", "rollout.decode_graph"),
+        ("rollout.speculative_reuse.enabled=true", "rollout.speculative_reuse.enabled"),
     ],
 )
 def test_async_rollout_refuses_what_it_cannot_run(tiny_cfg, override, key):

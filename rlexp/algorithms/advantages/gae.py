@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlexp.algorithms.advantages.reinforce import token_level_rewards
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.registry import ADVANTAGES
 from rlexp.core.stats import masked_whiten
@@ -14,8 +15,12 @@ def gae(
     batch: RolloutBatch, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
     """Generalized Advantage Estimation ("High-Dimensional Continuous Control Using Generalized
-    Advantage Estimation", 2016) as used by PPO for LMs: the outcome reward is paid at the last valid
-    token; V after the last token is 0; δ_t = r_t + γV_{t+1} − V_t, A_t = Σ_k (γλ)^k δ_{t+k}. Needs
+    Advantage Estimation", 2016) as used by PPO for LMs, on the token-level rewards r_t
+    (:func:`~rlexp.algorithms.advantages.reinforce.token_level_rewards`: the outcome reward at the last valid
+    token, the KL-in-reward penalty β·KL_t at each token as InstructGPT and verl charge it, process rewards in
+    ``batch.extras["token_rewards"]``); V after the last token is 0; δ_t = r_t + γV_{t+1} − V_t,
+    A_t = Σ_k (γλ)^k δ_{t+k}, a masked position passing V and A through (verl's
+    ``compute_gae_advantage_return``). Needs
     ``batch.values`` (N, T) from the critic's stage; stores the returns A + V (before whitening) in
     ``batch.extras["returns"]`` for the value loss. ``whiten`` standardises A over all valid tokens
     (verl). Returns (N, T)."""
@@ -24,10 +29,7 @@ def gae(
     mask = batch.completion_mask.float()
     values = batch.values.float() * mask
     N, T = mask.shape
-    last = (mask.sum(-1) - 1).clamp(min=0).long()
-    rewards = torch.zeros_like(values)
-    has_tokens = mask.sum(-1) > 0
-    rewards[torch.arange(N, device=mask.device)[has_tokens], last[has_tokens]] = batch.reward.float()[has_tokens]
+    rewards = token_level_rewards(batch)
     adv = torch.zeros_like(values)
     next_value = torch.zeros(N, device=values.device)
     running = torch.zeros(N, device=values.device)
@@ -41,3 +43,6 @@ def gae(
     if whiten:
         adv = masked_whiten(adv, mask, eps) * mask
     return adv
+
+
+gae.token_rewards = True  # consumes batch.extras["token_rewards"] (Algorithm.compute_advantages)

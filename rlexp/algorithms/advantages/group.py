@@ -9,19 +9,33 @@ from rlexp.core.registry import ADVANTAGES
 from rlexp.core.stats import group_stats
 
 SCALES = ("group", "batch", "none")
+SINGLETONS = ("zero", "raw")
+
+
+def check_singleton(singleton: str) -> None:
+    if singleton not in SINGLETONS:
+        raise ValueError(f"algorithm.advantage.singleton={singleton!r} is not one of {list(SINGLETONS)}")
 
 
 def normalize_rewards(
-    rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group", eps: float = 1e-6
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group", eps: float = 1e-6, singleton: str = "zero"
 ) -> torch.Tensor:
     """GRPO's group-relative advantage (DeepSeekMath, 2024): (r - mean_g) / (std + eps).
 
     ``scale``: ``group`` divides by the group std (GRPO), ``batch`` by the std of all rewards in the
     batch ("Lite PPO": group mean, batch std; Tricks or Traps, 2025), ``none`` only centres
-    (Dr. GRPO: Understanding R1-Zero-Like Training, 2025)."""
+    (Dr. GRPO: Understanding R1-Zero-Like Training, 2025).
+
+    ``singleton``: a group of one completion gets advantage 0 (``zero``, TRL) or is normalised with mean 0 and
+    std 1, so its raw reward passes (``raw``, verl's grpo: r/(1 + ε) under ``scale=group``)."""
     if scale not in SCALES:
         raise ValueError(f"advantage scale={scale!r} is not one of {SCALES}")
+    check_singleton(singleton)
     mean, std, count = group_stats(rewards, group_ids)
+    single = count <= 1
+    if singleton == "raw":
+        mean = torch.where(single, torch.zeros_like(mean), mean)
+        std = torch.where(single, torch.ones_like(std), std)
     adv = rewards.float() - mean
     if scale == "group":
         adv = adv / (std + eps)
@@ -29,17 +43,20 @@ def normalize_rewards(
         r = rewards.float()
         batch_std = r.std() if r.numel() > 1 else torch.zeros((), device=r.device)
         adv = adv / (batch_std + eps)
-    return torch.where(count > 1, adv, torch.zeros_like(adv))
+    return adv if singleton == "raw" else torch.where(single, torch.zeros_like(adv), adv)
 
 
 @ADVANTAGES.register
-def grpo(batch: RolloutBatch, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
-    """Group-normalised outcome advantage, one value per completion."""
-    return normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps)
+def grpo(batch: RolloutBatch, scale: str = "group", eps: float = 1e-6, singleton: str = "zero") -> torch.Tensor:
+    """Group-normalised outcome advantage, one value per completion (``singleton``: see
+    :func:`normalize_rewards`)."""
+    return normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps, singleton=singleton)
 
 
 @ADVANTAGES.register
-def gpg(batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_frac: float = 0.5) -> torch.Tensor:
+def gpg(
+    batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_frac: float = 0.5, singleton: str = "zero"
+) -> torch.Tensor:
     """GPG ("GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", 2025):
     the group-relative advantage (``scale`` as in :func:`normalize_rewards`) multiplied by
     α = B / M, where M counts the completions in groups with non-zero reward variance — the gradient
@@ -51,7 +68,7 @@ def gpg(batch: RolloutBatch, scale: str = "none", eps: float = 1e-6, min_valid_f
     counts completions with a non-zero reward.)"""
     if not 0.0 < min_valid_frac <= 1.0:
         raise ValueError(f"advantage gpg.min_valid_frac={min_valid_frac} must be in (0, 1]")
-    adv = normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps)
+    adv = normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps, singleton=singleton)
     _, std, count = group_stats(batch.reward, batch.group_ids)
     valid_frac = float(((std > 0) & (count > 1)).float().mean()) if len(batch) else 1.0
     return adv / max(valid_frac, min_valid_frac)

@@ -28,8 +28,9 @@ def token_sum(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> 
 
 @AGGREGATIONS.register(name="seq-mean-token-mean")
 def seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
-    """Mean over rows of each row's token mean (GRPO, 2024; TRL's ``grpo``)."""
-    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / max(norm.total_rows, 1.0)
+    """Mean over rows of each row's token mean (GRPO, 2024; TRL's ``grpo``); the row's token count guarded by
+    ``norm.token_count_guard``."""
+    return ((per_token * mask).sum(-1) / norm.row_tokens(mask)).sum() / max(norm.total_rows, 1.0)
 
 
 @AGGREGATIONS.register(name="seq-mean-token-sum")

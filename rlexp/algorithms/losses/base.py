@@ -30,6 +30,16 @@ def ratio_stats(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> d
     }
 
 
+def clamp_log_ratio(log_ratio: torch.Tensor, clamp: float | None) -> torch.Tensor:
+    """verl's stability clamp of the log-ratio to [−c, c] (``algorithm.loss.log_ratio_clamp``; verl: 20 in PPO,
+    SAPO, CISPO and DPPO); None: none (TRL). Past it the ratio is constant and has no gradient."""
+    if clamp is None:
+        return log_ratio
+    if clamp <= 0:
+        raise ValueError(f"algorithm.loss.log_ratio_clamp must be > 0 or null, got {clamp}")
+    return log_ratio.clamp(-clamp, clamp)
+
+
 def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(x.dtype)
     return (x * m).sum(-1) / m.sum(-1).clamp(min=1)

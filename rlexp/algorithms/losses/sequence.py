@@ -16,16 +16,23 @@ def gspo(
     mask: torch.Tensor,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
+    log_ratio_clamp: float | None = None,
 ) -> LossOutput:
     """GSPO ("Group Sequence Policy Optimization", 2025), the GSPO-token form: the sequence ratio
     s_i = exp(mean_t log r_t) (length-normalised) is clipped to [1 − ε_low, 1 + ε_high]; per token
     s_i,t = sg[s_i]·π_θ/sg[π_θ] carries the value of s_i and the gradient s_i·∇log π_θ. With one
     advantage per sequence this equals TRL's ``importance_sampling_level="sequence"`` in value and
-    gradient. No clamp of the log-ratio (verl clamps it at 10). Use with seq-mean-token-mean; with
+    gradient. ``log_ratio_clamp`` c: the sequence log-ratio is clamped from above at c, no gradient past it
+    (verl: 10); null: none (TRL). Use with seq-mean-token-mean; with
     seq-mean-token-sum (each sequence's loss times its length) it is LUSPO (2026; TRL's ``luspo``)."""
     adv = expand_like(advantages, logp)
+    if log_ratio_clamp is not None and log_ratio_clamp <= 0:
+        raise ValueError(f"algorithm.loss.log_ratio_clamp must be > 0 or null, got {log_ratio_clamp}")
     log_seq = seq_mean(logp - old_logp, mask).detach()
-    ratio = torch.exp(logp - logp.detach() + log_seq.unsqueeze(-1))
+    log_ratio = logp - logp.detach() + log_seq.unsqueeze(-1)
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(max=log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = -torch.min(ratio * adv, clipped * adv)
     seq_ratio = torch.exp(log_seq).unsqueeze(-1).expand_as(logp)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from rlexp.algorithms.losses.base import LossOutput, expand_like, ratio_stats, seq_mean
+from rlexp.algorithms.losses.base import LossOutput, clamp_log_ratio, expand_like, ratio_stats, seq_mean
 from rlexp.core.registry import LOSSES
 
 
@@ -20,20 +20,23 @@ def sapo(
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
     level: str = "token",
+    log_ratio_clamp: float | None = None,
 ) -> LossOutput:
     """SAPO ("Soft Adaptive Policy Optimization", 2025): the hard clip is replaced by a soft gate,
     ℓ_t = −f(r_t)·A with f(r) = σ(τ(r − 1))·4/τ, τ = τ_pos for A > 0 and τ_neg otherwise. f'(1) = 1,
     so on-policy the gradient equals the unclipped surrogate's; away from r = 1 it decays smoothly.
-    No log-ratio clamp (verl clamps it to ±20). ``level="sequence"``: the gate acts on GSPO's length-
-    normalised sequence ratio s_i, in the GSPO-token form (value s_i, gradient s_i·∇log π_t per token),
+    ``log_ratio_clamp``: verl's ±c on the token log-ratio (verl: 20; null: none, TRL).
+    ``level="sequence"``: the gate acts on GSPO's length-normalised sequence ratio s_i, in the GSPO-token
+    form (value s_i, gradient s_i·∇log π_t per token),
     which with seq-mean-token-mean and one advantage per sequence equals TRL's sapo with
     ``importance_sampling_level="sequence"`` in value and gradient (verl ships the token level only)."""
     adv = expand_like(advantages, logp)
+    log_ratio = clamp_log_ratio(logp - old_logp, log_ratio_clamp)
     if level == "sequence":
-        log_seq = seq_mean(logp - old_logp, mask).detach()
+        log_seq = seq_mean(log_ratio, mask).detach()
         ratio = torch.exp(logp - logp.detach() + log_seq.unsqueeze(-1))
     elif level == "token":
-        ratio = torch.exp(logp - old_logp)
+        ratio = torch.exp(log_ratio)
     else:
         raise ValueError(f"loss sapo level={level!r} is not one of ['token', 'sequence']")
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))

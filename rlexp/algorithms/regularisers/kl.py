@@ -5,7 +5,10 @@ Divergence", 2020). ``log_ratio`` = log π_ref − log π_θ on tokens sampled f
 * ``k2``  ½·log_ratio²
 * ``k3``  exp(log_ratio) − log_ratio − 1   (unbiased, low variance; GRPO's choice)
 * ``abs`` |log_ratio|
-No clamps (TRL's convention; verl clamps k3 to ≤ 10).
+No clamps by default (TRL's convention); ``clamp=True`` (``algorithm.kl.clamp``) gives verl's ``low_var_kl``:
+k3 with the log-ratio clamped to [−20, 20] and the value to [−10, 10] (verl clamps no other estimator).
+A trailing ``+`` (``k1+``, ``k3+``, ``abs+``; verl's names) keeps the estimator's value and takes k2's gradient
+(straight-through: the gradient of ½·log_ratio² is the unbiased gradient of the KL).
 """
 
 from __future__ import annotations
@@ -39,15 +42,30 @@ def absolute(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.abs()
 
 
-ESTIMATORS = KL_ESTIMATORS.names()
+ESTIMATORS = [*KL_ESTIMATORS.names(), *(f"{n}+" for n in KL_ESTIMATORS.names() if n != "k2")]
+
+
+K3_LOG_RATIO_CLAMP, K3_VALUE_CLAMP = 20.0, 10.0  # verl's low_var_kl (verl/trainer/ppo/core_algos.py)
 
 
 @REGULARISERS.register
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(π_θ ‖ π_ref) by the named estimator (``algorithm.kl``: a loss term or a reward penalty)."""
-    if estimator not in KL_ESTIMATORS:
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3", clamp: bool = False) -> torch.Tensor:
+    """Per-token KL(π_θ ‖ π_ref) by the named estimator (``algorithm.kl``: a loss term or a reward penalty).
+    ``clamp`` (k3 only): verl's clamps, log-ratio to ±20 and the estimate to ±10 (no gradient past them)."""
+    if estimator not in ESTIMATORS:
         raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
-    return KL_ESTIMATORS(estimator)(ref_logp - logp)
+    base = estimator.rstrip("+")
+    if clamp and base != "k3":
+        raise ValueError(f"algorithm.kl.clamp=true is verl's k3 (low_var_kl) clamp; estimator is {estimator!r}")
+    log_ratio = ref_logp - logp
+    if clamp:
+        value = k3(log_ratio.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)).clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+    else:
+        value = KL_ESTIMATORS(base)(log_ratio)
+    if base == estimator:
+        return value
+    grad = k2(log_ratio)  # straight-through: this value, k2's gradient (verl's "+" names)
+    return grad - grad.detach() + value.detach()
 
 
 @REGULARISERS.register
