@@ -12,7 +12,14 @@ once; the Python between ops is what they share.
 Determinism: the launch points are fixed (after the group stages of step t, before its update; the prompts are
 drawn there by the trainer thread, in the order a synchronous run draws them), and the rollout samples from a
 ``torch.Generator`` seeded from (``trainer.seed``, step) (``rlexp.rollout.decode.sampling_generator``), never from
-the global RNG the trainer thread uses — so a fixed seed gives the same run however the threads interleave.
+the global RNG the trainer thread uses — so a fixed seed gives the same run however the threads interleave. The
+rollout thread also stays inside one autocast context for its whole life (see ``_work``: torch's cache of autocast
+weight casts is process-wide, and leaving an outermost autocast context in any thread clears it).
+
+Metrics (``Trainer.take_rollout``): ``async/version_lag`` (policy versions between the weights that generated the
+batch and those its update starts from: 0 at step 1, 1 after), ``time/rollout_wait_s`` (what the trainer thread
+waited for the rollout), ``time/rollout_overlap_s`` (what of the rollout ran beside training); ``time/generate_s``
+is the rollout's own time in its thread.
 
 Threads (CPU): the rollout thread runs ``threads`` torch threads and the trainer thread ``max(1, N − threads)``
 while a rollout is in flight (N: its own count, restored when the rollout is taken), so the two do not
@@ -65,7 +72,8 @@ class AsyncRollout:
 
         if not isinstance(rollout, HFRollout):
             raise ValueError(
-                f"trainer.async_rollout=true needs rollout=hf (rlexp.rollout.hf.HFRollout), not {type(rollout).__name__}"
+                "trainer.async_rollout=true needs rollout=hf (rlexp.rollout.hf.HFRollout), "
+                f"not {type(rollout).__name__}"
             )
         if rollout._loop is None:
             raise ValueError(
@@ -165,9 +173,7 @@ class AsyncRollout:
             raise RuntimeError(
                 f"the rollout of step {job.step} failed in the rollout thread: {job.error!r}"
             ) from job.error
-        output = {
-            k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(job.output).items()
-        }
+        output = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(job.output).items()}
         return {
             "step": job.step,
             "version": job.version,
@@ -185,9 +191,8 @@ class AsyncRollout:
         from rlexp.rollout.hf import RolloutOutput
 
         fields = {f.name for f in dataclasses.fields(RolloutOutput)}
-        output = RolloutOutput(
-            **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state["output"].items() if k in fields}
-        )
+        kept = {k: v for k, v in state["output"].items() if k in fields}
+        output = RolloutOutput(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kept.items()})
         job = PendingRollout(state["step"], state["version"], state["records"], state["prompts"], output)
         job.generate_s = state.get("generate_s", 0.0)
         job.done.set()
