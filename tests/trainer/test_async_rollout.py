@@ -220,7 +220,9 @@ def test_a_rollout_thread_that_died_is_an_error_not_a_hang():
 def test_one_step_off_policy_under_ratio_methods(tiny_cfg, algorithm):
     """Two steps of +experiment=one_step_off_policy under a ratio method with its own schedule (4 optimiser steps
     per rollout); DAPO's dynamic sampling refills in the trainer thread, synchronously, beside the rollout ahead."""
-    m = run(tiny_cfg(*VARYING, "+experiment=one_step_off_policy", f"algorithm={algorithm}")).metrics
+    m = run(
+        tiny_cfg(*VARYING, "+experiment=one_step_off_policy", f"algorithm={algorithm}", "trainer.prompts_per_step=4")
+    ).metrics  # 4 groups: one per mini-batch
     assert m["async/version_lag"] == 1.0 and m["train/optimizer_steps"] == 4.0
     assert math.isfinite(m["loss/total"]) and "clip/region_frac" in m
     assert m["ratio/max"] > m["ratio/min"], "the ratio moves over the 4 mini-batches"
