@@ -148,6 +148,15 @@ def test_resume_trains_on_the_kept_rollout_and_matches_the_uninterrupted_run(tin
     assert [r["async/version_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0], "step 3 after the resume: still one stale"
     final = torch.load(tmp_path / "run" / "checkpoints" / "last" / "state.pt", weights_only=False)
     assert final["async_rollout"] is None, "nothing is generated ahead of the last step"
+    from safetensors.torch import load_file
+
+    def weights(run_dir):
+        files = sorted((run_dir / "checkpoints" / "last" / "model").glob("*.safetensors"))
+        return {k: v for f in files for k, v in load_file(f).items()}
+
+    resumed_w, ref_w = weights(tmp_path / "run"), weights(tmp_path / "ref")
+    assert resumed_w.keys() == ref_w.keys() and resumed_w
+    assert all(torch.equal(resumed_w[k], ref_w[k]) for k in ref_w), "the resumed run ends on the same weights"
 
 
 def test_sampler_log_probs_as_old_make_the_ratio_leave_one_at_one_step_per_rollout(tiny_cfg):
