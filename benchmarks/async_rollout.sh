@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-6}
 OUT=${OUT:-/tmp/async_rollout_bench}
-DEST=results/trainer/async_rollout_smollm2
+DEST=${DEST:-results/trainer/async_rollout_smollm2}
 ARMS=(${ARMS:-sync async})
 mkdir -p "$OUT" "$DEST/runs"
 if [[ -z ${TABLE_ONLY:-} ]]; then
@@ -38,7 +38,8 @@ fi
 .venv/bin/python - "$DEST" "${ARMS[@]}" <<'PY'
 import json, statistics, sys
 dest, arms = sys.argv[1], sys.argv[2:]
-cols = ["time/step_s", "time/generate_s", "time/train_s", "time/rollout_wait_s", "time/rollout_overlap_s",
+cols = ["time/step_s", "throughput/completion_tokens_per_s", "time/generate_s", "time/train_s",
+        "time/rollout_wait_s", "time/rollout_overlap_s",
         "async/version_lag", "length/mean", "reward/mean", "mismatch/kl"]
 lines = ["| arm | steps | " + " | ".join(f"median {c}" for c in cols) + " |", "|---" * (len(cols) + 2) + "|"]
 for arm in arms:
