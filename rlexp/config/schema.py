@@ -35,8 +35,15 @@ class TrainerConfig:
     overlong_prompts: str = "error"
     temperature: float = 1.0
     # μ·k > 1: the old log-probs from a no-grad forward of the policy before the update (TRL, verl) instead of
-    # the sampler's recorded ones (null: recompute whenever μ·k > 1)
+    # the sampler's recorded ones (null: recompute whenever μ·k > 1 or trainer.async_rollout)
     recompute_old_logprobs: Optional[bool] = None
+    # one-step-off-policy (Asynchronous RLHF, Noukhovitch et al. 2025; verl's one_step_off_policy recipe, OpenRLHF's
+    # --async_train): step t+1's rollout is generated in a thread of its own, by the weights step t starts from,
+    # while step t trains (rlexp/trainer/async_rollout.py). Needs rollout=hf with engine=loop
+    async_rollout: bool = False
+    # CPU torch threads of the rollout thread (the trainer thread keeps the rest while a rollout is in flight);
+    # null: half of trainer.num_threads (torch's count), at least 1
+    async_rollout_threads: Optional[int] = None
     # train-inference mismatch correction (rlexp/algorithms/regularisers/rollout_correction.py): null, token_truncate,
     # token_mask, sequence_truncate, sequence_mask, sequence_reject; the threshold C (implies recomputed old log-probs)
     rollout_correction: Optional[str] = None
@@ -238,6 +245,12 @@ def validate(cfg: DictConfig) -> None:
         (t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, "must be >= 0"),
         (t.keep_checkpoints >= 0, "trainer.keep_checkpoints", t.keep_checkpoints, "must be >= 0"),
         (t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0"),
+        (
+            t.async_rollout_threads is None or t.async_rollout_threads >= 1,
+            "trainer.async_rollout_threads",
+            t.async_rollout_threads,
+            "must be >= 1 or null (half the trainer's threads)",
+        ),
     ]
     lr = cfg.optimizer.get("lr")
     checks.append((lr is not None and lr > 0, "optimizer.lr", lr, "must be > 0"))
@@ -258,6 +271,8 @@ def validate(cfg: DictConfig) -> None:
     check_algorithm(cfg.algorithm)
     if t.compile:
         _check_compile(t)
+    if t.async_rollout:
+        _check_async_rollout(cfg.rollout)
     terms = cfg.reward.get("terms") or {}
     if not terms:
         raise ConfigError("reward.terms is empty: configure at least one reward term")
@@ -462,6 +477,35 @@ def check_ks(ks, n: int, key: str) -> list[int]:
             f"raise eval.n or keep every k <= {n}"
         )
     return values
+
+
+def _check_async_rollout(rollout: DictConfig) -> None:
+    """``trainer.async_rollout``: a rollout engine that can generate from a copy of the policy in another thread
+    with a generator of its own (rlexp/trainer/async_rollout.py)."""
+    target = str(rollout.get("_target_", ""))
+    if not target.endswith("HFRollout"):
+        raise ConfigError(
+            f"trainer.async_rollout=true needs rollout=hf (rlexp.rollout.hf.HFRollout); rollout._target_={target} "
+            "is not supported (vLLM: the weight push and the engine would run beside the update)"
+        )
+    if rollout.get("engine", "loop") != "loop":
+        raise ConfigError(
+            f"trainer.async_rollout=true needs rollout.engine=loop (got {rollout.get('engine')!r}): transformers "
+            "generate samples from the global RNG, which the trainer thread shares, so the run would depend on timing"
+        )
+    if (rollout.get("speculative_reuse") or {}).get("enabled"):
+        raise ConfigError(
+            "trainer.async_rollout=true does not combine with rollout.speculative_reuse.enabled=true (SPEC-RL): its "
+            "drafts come from the rollout cache of the previous step, which the rollout generated ahead would read "
+            "before that step's rollout was cached, and its acceptance draws use the global RNG the trainer thread "
+            "shares"
+        )
+    if rollout.get("cache_implementation") == "static" and rollout.get("decode_graph") is not None:
+        raise ConfigError(
+            f"trainer.async_rollout=true does not support rollout.decode_graph={rollout.get('decode_graph')} (CUDA "
+            "graphs captured or compiled in the rollout thread while the trainer thread allocates: not built or run "
+            "here); set rollout.decode_graph=null"
+        )
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -44,6 +44,8 @@ part ways after a near-tie).
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +106,23 @@ def preallocate(cache, repeats: int, capacity: int) -> None:
             layer.batch_repeat_interleave(repeats)
 
 
+_SAMPLING = threading.local()
+
+
+@contextmanager
+def sampling_generator(generator: torch.Generator | None):
+    """Draw this thread's samples from ``generator`` (else the global RNG, the default): the
+    one-step-off-policy rollout (``trainer.async_rollout``) samples in a thread of its own while the
+    trainer runs, so its draws come from a generator seeded per step, not from the global RNG the
+    trainer thread shares — the run then does not depend on how the two threads interleave."""
+    saved = getattr(_SAMPLING, "generator", None)
+    _SAMPLING.generator = generator
+    try:
+        yield
+    finally:
+        _SAMPLING.generator = saved
+
+
 def sample_categorical(
     probs: torch.Tensor, method: str = "auto", block: int = 256, uniform: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -118,8 +137,9 @@ def sample_categorical(
     the block sums. Only indices with positive weight can be drawn."""
     if method == "auto":
         method = "race" if probs.is_cuda and uniform is None else "inverse_cdf"
+    generator = getattr(_SAMPLING, "generator", None)  # sampling_generator's, else the global RNG
     if method == "race":
-        return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+        return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
     N, V = probs.shape
     if V % block:
         probs = torch.nn.functional.pad(probs, (0, block - V % block))
@@ -127,7 +147,7 @@ def sample_categorical(
     nb = blocks.shape[1]
     block_cdf = blocks.sum(-1).cumsum(-1)  # (N, nb)
     if uniform is None:
-        uniform = torch.rand(N, 1, dtype=block_cdf.dtype, device=block_cdf.device)
+        uniform = torch.rand(N, 1, dtype=block_cdf.dtype, device=block_cdf.device, generator=generator)
     u = uniform.to(block_cdf.dtype).view(N, 1) * block_cdf[:, -1:]
     b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)  # block_cdf[b-1] <= u < block_cdf[b]
     below = block_cdf.gather(-1, (b - 1).clamp(min=0)) * (b > 0)
@@ -414,7 +434,8 @@ class DecodeLoop:
                 )
         noise = None
         if row_streams and not sampling.greedy:
-            noise = torch.rand(B, max_new_tokens, device=device)
+            generator = getattr(_SAMPLING, "generator", None)  # sampling_generator's, else the global RNG
+            noise = torch.rand(B, max_new_tokens, device=device, generator=generator)
         g = micro_group if 0 < micro_group < G else G
         # one prefill per distinct prompt; every round of g completions per prompt starts from its cache
         out = model(

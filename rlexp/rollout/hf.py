@@ -188,6 +188,19 @@ class HFRollout:
                 dst.copy_(src)
         return self._shadow
 
+    def generation_copy(self, model):
+        """A copy of ``model`` that this engine never refreshes, in the dtype ``inference_model`` would generate
+        in (called under the same autocast), else the policy's own: the one-step-off-policy rollout
+        (``rlexp.trainer.async_rollout``) refreshes it itself and generates from it (``generate(...,
+        use_shadow=False)``) in another thread while the policy trains."""
+        import copy
+
+        dtype = self._shadow_dtype(model)
+        out = copy.deepcopy(model)
+        for p in out.parameters():
+            p.grad = None
+        return (out.to(dtype) if dtype is not None else out).eval().requires_grad_(False)
+
     @torch.no_grad()
     def generate(
         self,
@@ -198,9 +211,12 @@ class HFRollout:
         greedy: bool = False,
         max_new_tokens: int | None = None,
         reuse: bool = False,
+        use_shadow: bool = True,
     ) -> RolloutOutput:
-        """``reuse``: draft from (and cache) earlier completions of the same prompts (``speculative_reuse``)."""
-        model = self.inference_model(model)
+        """``reuse``: draft from (and cache) earlier completions of the same prompts (``speculative_reuse``).
+        ``use_shadow=False``: generate with ``model`` as given (a ``generation_copy``), not the shadow."""
+        if use_shadow:
+            model = self.inference_model(model)
         if reuse and self.speculative is not None and not greedy:
             return self._generate_speculative(model, tokenizer, prompts, num_generations, max_new_tokens)
         if self._loop is not None:

@@ -101,8 +101,11 @@ def save_checkpoint(
     keep: int = 1,
     optimizer_state: bool = True,
     rollout=None,
+    pending=None,
 ) -> Path:
-    """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one)."""
+    """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
+    ``pending``: the trainer's ``AsyncRollout`` (trainer.async_rollout), whose rollout generated ahead for the next
+    step is kept (waited for first)."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
     try:
@@ -119,6 +122,7 @@ def save_checkpoint(
                 "critic": critic.state_dict() if critic is not None else None,
                 # the rollout engine's own state (SPEC-RL's cache of earlier completions), if it keeps one
                 "rollout": rollout.state_dict() if hasattr(rollout, "state_dict") else None,
+                "async_rollout": pending.state_dict() if pending is not None else None,
             },
             tmp / "state.pt",
         )
@@ -277,7 +281,9 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(stale)
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None) -> dict:
+def load_checkpoint(
+    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None, pending=None
+) -> dict:
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -310,6 +316,16 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, sampler, referen
         if blob.get("rollout") is None and getattr(rollout, "cache", None) is not None:
             log.warning("checkpoint %s holds no rollout cache: speculative reuse starts from an empty one", path)
         rollout.load_state_dict(blob.get("rollout"))
+    ahead = blob.get("async_rollout")
+    if pending is not None:
+        pending.load_state_dict(ahead, next(model.parameters()).device)
+    elif ahead:
+        log.warning(
+            "checkpoint %s holds the rollout of step %d generated ahead (trainer.async_rollout=true); this run "
+            "generates synchronously, so it is dropped and its prompts are not trained on",
+            path,
+            ahead["step"],
+        )
     meta = json.loads((path / "trainer.json").read_text())
     sampler.load_state_dict(meta["sampler"])
     set_rng_state(blob["rng"])

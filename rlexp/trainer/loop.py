@@ -179,24 +179,45 @@ class Trainer:
         from rlexp.trainer.slow_fast import SlowFastSchedule
 
         self.slow_fast = SlowFastSchedule(algorithm.slow_fast)  # SFPO: fast steps, reposition, slow correction
-        off_policy = self.num_iterations * self.steps_per_rollout * (1 + algorithm.slow_fast.fast_steps) > 1
+        # the batch is off-policy when the policy moves within a rollout, or when it was generated a step
+        # ahead (trainer.async_rollout: by the weights before the previous update)
+        off_policy = (
+            self.num_iterations * self.steps_per_rollout * (1 + algorithm.slow_fast.fast_steps) > 1
+            or settings.async_rollout
+        )
         recompute = settings.recompute_old_logprobs
         self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
         self.correction = None  # train-inference mismatch correction: needs the trainer's own old log-probs
         if settings.rollout_correction:
             self.correction = RolloutCorrection(settings.rollout_correction, settings.rollout_correction_threshold)
             self.recompute_old_logprobs = True
+        self.ahead = None  # one-step-off-policy rollouts (trainer.async_rollout): the rollout in flight
+        if settings.async_rollout:
+            from rlexp.trainer.async_rollout import AsyncRollout
+
+            self.ahead = AsyncRollout(
+                rollout,
+                tokenizer,
+                self.num_generations,
+                settings.seed,
+                settings.async_rollout_threads,
+                self.autocast_dtype,
+            )
 
     # ---- one step, stage by stage -------------------------------------------------------------
-    def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
-        G = self.num_generations
+    def prompts_for(self, records: list[dict]) -> tuple[list[dict], list[str]]:
+        """The records kept (trainer.max_prompt_length / overlong_prompts) and their rendered prompts."""
         from rlexp.data.lengths import prompt_limit
 
         # trainer.max_prompt_length / overlong_prompts: both splits measured at the first call, before generating
         limit = prompt_limit(self)
         if limit is not None:
             records = limit.select(self.sampler, self.tok, self.prompt_format, records)
-        prompts = [self.prompt_format.render(self.tok, r["question"]) for r in records]
+        return records, [self.prompt_format.render(self.tok, r["question"]) for r in records]
+
+    def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
+        G = self.num_generations
+        records, prompts = self.prompts_for(records)
         with (
             torch.autocast(
                 self.model.device.type,
@@ -208,6 +229,11 @@ class Trainer:
             # SPEC-RL's speculative reuse (rollout.speculative_reuse) drafts from the prompts' earlier rollouts
             reuse = {"reuse": True} if getattr(self.rollout, "speculative", None) is not None else {}
             out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
+        return self.scored_batch(records, prompts, out)
+
+    def scored_batch(self, records: list[dict], prompts: list[str], out) -> RolloutBatch:
+        """The batch of a rollout's output (group ids numbered on from the step's last), scored."""
+        G = self.num_generations
         n = len(records)
         groups = torch.arange(
             self._next_group, self._next_group + n, device=out.completion_ids.device
@@ -246,9 +272,12 @@ class Trainer:
         t0 = time.perf_counter()
         self.algo.on_step(step, self.s.max_steps)  # parts scheduled over training (MDPO's step size)
         self._next_group = 0
-        batch = self.rollout_and_score(self.sampler.next_batch())
-        timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
-        timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
+        if self.ahead is None:
+            batch = self.rollout_and_score(self.sampler.next_batch())
+            timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
+            timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
+        else:
+            batch = self.take_rollout(step, timings)
         t1 = time.perf_counter()
         ctx = StageContext(
             self.model,
@@ -265,6 +294,11 @@ class Trainer:
         for stage in self.algo.group_stages:
             batch = stage(batch, ctx)
         timings["time/group_stage_s"] = time.perf_counter() - t1
+        if self.ahead is not None and step < self.s.max_steps:
+            # step t+1's rollout starts now, from the weights this step's update starts from; its prompts are
+            # drawn here, after this step's refills: the order a synchronous run draws them in
+            records, prompts = self.prompts_for(self.sampler.next_batch())
+            self.ahead.launch(self.model, step + 1, records, prompts, version=step - 1)
         # stages that refill roll out more: count that as generation time
         refill = batch.stats.pop("time/reward_s", 0.0)
         timings["time/reward_s"] += refill
@@ -334,6 +368,7 @@ class Trainer:
                 steps_per_rollout=self.steps_per_rollout,
                 seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
                 slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
+                stale=timings.get("async/version_lag", 0.0) > 0,
             )
         if self.algo.slow_fast.fast_steps > 0:
             train.setdefault("sfpo/active", 0.0)
@@ -347,6 +382,22 @@ class Trainer:
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
         metrics = {**batch_metrics(batch, self.accuracy_term), **train, **kl_metrics, **timings}
         return batch, metrics
+
+    def take_rollout(self, step: int, timings: dict) -> RolloutBatch:
+        """trainer.async_rollout: the batch of ``step`` generated ahead (during the previous step's update), scored
+        now; generated here first when none is in flight (step 1; a resume from a checkpoint that holds none)."""
+        if self.ahead.pending_step != step:
+            records, prompts = self.prompts_for(self.sampler.next_batch())
+            self.ahead.launch(self.model, step, records, prompts, version=step - 1)
+        job, wait = self.ahead.take(step)
+        batch = self.scored_batch(job.records, job.prompts, job.output)
+        timings["time/generate_s"] = job.generate_s  # the rollout's own time, in the rollout thread
+        timings["time/reward_s"] = batch.stats.pop("time/reward_s", 0.0)
+        timings["time/rollout_wait_s"] = wait  # what of it the trainer thread waited for
+        timings["time/rollout_overlap_s"] = max(0.0, job.generate_s - wait)  # what of it ran beside training
+        # policy versions between the weights that generated the batch and those its update starts from
+        timings["async/version_lag"] = float(step - 1 - job.version)
+        return batch
 
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:
@@ -367,6 +418,7 @@ class Trainer:
                 reference=self.reference,
                 critic=self.algo.critic,
                 rollout=self.rollout,
+                pending=self.ahead,
             )
         if found is not None:
             path, meta = found
@@ -387,8 +439,12 @@ class Trainer:
     def train(self) -> TrainResult:
         from rlexp.trainer.stopping import GracefulStop
 
-        with GracefulStop(self.s.stop_grace_s) as self.stopper:
-            return self._train()
+        try:
+            with GracefulStop(self.s.stop_grace_s) as self.stopper:
+                return self._train()
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
 
     def _train(self) -> TrainResult:
         self.restore()
@@ -480,6 +536,7 @@ class Trainer:
                         rollout=self.rollout,
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
+                        pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept
                     )
                 if signalled and step < s.max_steps:  # stopped on a signal (the last step: simply done)
                     from rlexp.trainer.stopping import RunStopped
