@@ -4,9 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 from mlflow import MlflowClient
 
 
+@pytest.mark.long
 def test_multirun_two_seeds_logs_two_runs(tmp_path):
     db = f"sqlite:///{tmp_path}/mlruns.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": db}

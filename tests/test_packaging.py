@@ -66,6 +66,11 @@ def wheel_env(tmp_path_factory) -> Path:
     return env
 
 
+def without_pythonpath() -> dict[str, str]:
+    """The environment without PYTHONPATH: a checkout on it would shadow the installed wheel."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
     py = wheel_env / "bin" / "python"
     out = subprocess.run(
@@ -74,6 +79,7 @@ def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
         text=True,
         check=True,
         cwd=tmp_path,
+        env=without_pythonpath(),
     ).stdout.split()
     assert out[0].startswith(str(wheel_env)), f"rlexp imported from {out[0]}, not from the wheel"
     conf = Path(out[1])
@@ -82,7 +88,7 @@ def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
 
 
 def test_rlexp_train_runs_from_an_empty_directory(wheel_env, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    env = {**without_pythonpath(), "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     cmd = [
         str(wheel_env / "bin" / "rlexp"),
         "train",

@@ -109,6 +109,7 @@ def clone(tmp_path_factory) -> Path:
 OFFLINE = [body for lang, tag, body in blocks("bash") if tag.strip() == "offline"]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("index", range(len(OFFLINE)))
 def test_offline_block_runs(clone, index):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

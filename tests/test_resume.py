@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from rlexp.tracking.base import read_jsonl
@@ -37,6 +38,7 @@ def train_cmd(run_dir: Path) -> list[str]:
     ]
 
 
+@pytest.mark.long
 def test_sigkill_mid_run_resumes_into_the_same_run_logging_each_step_once(tmp_path):
     run_dir = tmp_path / "run"
     db = f"sqlite:///{tmp_path / 'mlruns.db'}"

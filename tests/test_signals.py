@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from rlexp.tracking.base import read_jsonl
@@ -94,9 +95,11 @@ def _stop_and_resume(tmp_path, signum, stdout_pipe_dies=False):
     assert sorted(m.step for m in history) == list(range(1, MAX_STEPS + 1))
 
 
+@pytest.mark.long
 def test_sigterm_checkpoints_marks_killed_and_resumes(tmp_path):
     _stop_and_resume(tmp_path, signal.SIGTERM)
 
 
+@pytest.mark.long
 def test_ctrl_c_under_a_dying_pipe_is_killed_not_failed(tmp_path):
     _stop_and_resume(tmp_path, signal.SIGINT, stdout_pipe_dies=True)

@@ -45,6 +45,7 @@ def tiny_report(tmp_path_factory):
     return out, json.loads((out / "tiny-cpu.json").read_text())
 
 
+@pytest.mark.long
 def test_files_are_written_and_named_by_setting_and_device(tiny_report):
     out, report = tiny_report
     assert sorted(p.name for p in out.iterdir()) == [

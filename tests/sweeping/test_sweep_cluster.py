@@ -106,6 +106,7 @@ def check_study(study: optuna.Study) -> list:
     return complete
 
 
+@pytest.mark.long
 @needs_submitit
 def test_submitit_local_sweep_on_one_journal_storage(tmp_path, sweep):
     sweep_dir = tmp_path / "submitit"
@@ -128,6 +129,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.long
 @needs_ray
 def test_ray_sweep_on_a_local_cluster_and_one_sqlite_storage(tmp_path, sweep, ray_cluster):
     import ray

@@ -66,6 +66,7 @@ def steps_run(trial) -> int:
     return len(rows)
 
 
+@pytest.mark.long
 def test_median_pruner_prunes_trials_and_saves_steps(tmp_path, sweep):
     space = [
         "hydra/sweeper/sampler=random",
@@ -142,6 +143,7 @@ def test_resumed_sweep_continues_numbering_and_repeats_no_finished_trial(tmp_pat
     assert len(study(sweep_dir).trials) == 4
 
 
+@pytest.mark.long
 def test_two_worker_processes_share_one_study(tmp_path):
     sweep_dir = tmp_path / "shared"
     args = [

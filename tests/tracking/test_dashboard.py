@@ -59,6 +59,7 @@ def visible_text(html: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
 
+@pytest.mark.long
 def test_mlflow_ui_shows_both_runs_and_their_metrics(mlflow_server, tmp_path):
     run_ids = {}
     for name, curves in CURVES.items():

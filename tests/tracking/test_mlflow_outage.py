@@ -7,6 +7,7 @@ import logging
 import socket
 import time
 
+import pytest
 from mlflow import MlflowClient
 
 from rlexp.commands.replay import main as replay_main
@@ -51,6 +52,7 @@ def tracker_overrides(url, **settings):
     ]
 
 
+@pytest.mark.long
 def test_server_killed_and_restarted_mid_run_gets_every_step(tiny_cfg, tmp_path, mlflow_server, caplog):
     caplog.set_level(logging.WARNING, logger="rlexp.tracking.mlflow_tracker")
     cfg = tiny_cfg(
@@ -77,6 +79,7 @@ def test_server_killed_and_restarted_mid_run_gets_every_step(tiny_cfg, tmp_path,
     assert replay(run_dir)["uploaded"] == 0
 
 
+@pytest.mark.long
 def test_server_hung_until_the_end_then_replay(tiny_cfg, tmp_path, mlflow_server, caplog, capsys):
     """SIGSTOP: connections hang. Training and finish() stay bounded; `rlexp replay` uploads the rest."""
     caplog.set_level(logging.WARNING, logger="rlexp.tracking.mlflow_tracker")

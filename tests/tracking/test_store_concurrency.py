@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from mlflow import MlflowClient
 
 STARTS = 4
@@ -36,6 +37,7 @@ def test_concurrent_starts_on_a_fresh_sqlite_store_all_get_their_run(tmp_path):
     assert all(json.dumps(r.data.metrics) == '{"m": 1.0}' for r in runs)
 
 
+@pytest.mark.long
 def test_joblib_multirun_on_a_fresh_store(tmp_path):
     """The README's parallel recipe (`-m hydra/launcher=joblib`) on a fresh `mlruns.db`: three runs, three MLflow
     runs, each with its two steps."""
