@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 
 from rlexp.cli import main as rlexp_main
 from rlexp.config.paths import CONF_DIR
+from tests.sweeping.test_sweep_tiny import TRIAL as TINY_TRIAL
 
 REPO = Path(__file__).resolve().parents[2]
 EXTRA = "pip install -e '.[cluster]'"
@@ -38,20 +39,8 @@ needs_ray = pytest.mark.skipif(not HAS_RAY, reason=f"the cluster extra is not in
 
 # a local Ray cluster of 2 CPUs with a small object store (trials pass only configs and results through it)
 RAY_LOCAL = ["hydra.launcher.ray.init.num_cpus=2", f"hydra.launcher.ray.init.object_store_memory={80 * 2**20}"]
-TRIAL = [
-    "model=tiny",
-    "trainer.max_steps=1",
-    "trainer.prompts_per_step=1",
-    "trainer.num_generations=2",
-    "trainer.micro_batch_size=2",
-    "trainer.num_threads=1",
-    "tracker=none",
-    "trainer.progress=false",
-    "dataset.train_size=32",
-    "dataset.eval_size=4",
-    "eval.size=0",
-    "trainer.checkpoint_every=0",
-]
+# test_sweep_tiny's trial, one step long
+TRIAL = [o if o != "trainer.max_steps=3" else "trainer.max_steps=1" for o in TINY_TRIAL]
 # grid: 0 fails the job's config check (trainer.max_new_tokens must be > 0) in its worker; the four others complete
 SWEEP = [
     "hydra/sweeper=rlexp_optuna",
