@@ -83,7 +83,11 @@ class ConsistencyMeter:
         copy of ``policy`` as it is now (the initial policy)."""
         if self.judge != "reference":
             return
-        if reference is not None and getattr(reference, "kind", None) == "frozen" and reference.model is not None:
+        from rlexp.models.peft import AdaptersOff
+
+        # a LoRA run's reference is the policy with its adapters off, a forward-only view: the judge also generates
+        shared = reference is not None and getattr(reference, "kind", None) == "frozen" and reference.model is not None
+        if shared and not isinstance(reference.model, AdaptersOff):
             self.reference_model = reference.model
         else:
             self.reference_model = copy.deepcopy(policy).eval().requires_grad_(False)

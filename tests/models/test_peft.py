@@ -81,6 +81,18 @@ def test_the_frozen_reference_is_the_base_with_adapters_off_not_a_copy(tiny, lor
         assert not torch.allclose(lora_model(**x).logits, tiny.model(**x).logits)
 
 
+def test_the_consistency_judge_under_lora_is_a_copy_of_the_initial_policy(tiny, lora_model):
+    from rlexp.evaluation.consistency import ConsistencyMeter
+
+    meter = ConsistencyMeter(judge="reference")
+    meter.bind(lora_model, ReferenceModel(lora_model, "frozen"))
+    assert not isinstance(meter.reference_model, AdaptersOff)  # the judge generates: a real model, not a view
+    randomise_adapters(lora_model)
+    x = ids(tiny.tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(meter.reference_model(**x).logits, tiny.model(**x).logits)
+
+
 def test_merged_weights_equal_peft_merge_and_unload(tiny, lora_model):
     randomise_adapters(lora_model)
     merged = merged_state_dict(lora_model)
