@@ -16,6 +16,15 @@ KL_PENALTY = "kl_penalty"  # (N, T) β·KL_t of algorithm.kl.mode=reward, per to
 UNSCORED = "unscored"  # (N,) bool: every reward term failed or returned None on the row (the reward stage)
 TOKEN_REWARDS = "token_rewards"  # (N, T) rewards at token positions (process rewards), beside the outcome reward
 IS_WEIGHTS = "is_weights"  # (N, T) importance weights on the per-token loss (train-inference correction)
+# (N,) bool: the row was replayed from an earlier step (RePO); its sampling_logprobs are its behaviour policy's, which
+# stay the ratio's denominator, and it is left out of the reward metrics and the train-inference mismatch
+REPLAYED = "replayed"
+
+
+def replayed_rows(batch) -> torch.Tensor | None:
+    """(N,) bool of the replayed rows, or None when the batch holds none."""
+    rows = batch.extras.get(REPLAYED)
+    return rows.bool() if rows is not None and bool(rows.any()) else None
 
 
 def loss_mask(batch) -> torch.Tensor:

