@@ -94,6 +94,10 @@ class Algorithm:
     # completions sampled per prompt where the method fixes it (ReMax: 1, beside its greedy baseline); it then
     # replaces trainer.num_generations; null: trainer.num_generations
     num_generations: int | None = None
+    # policy reincarnation (ReMix): after the update of this step the reference (the base model) becomes the policy,
+    # and later steps train on-policy: one epoch of one optimiser step per rollout, group stages marked
+    # ``off_policy`` (replay) skipped. null: never
+    reincarnate_at: int | None = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -135,6 +139,8 @@ class Algorithm:
             raise ValueError(f"algorithm.num_generations={self.num_generations} must be >= 1 or null")
         if self.steps_per_rollout < 1:
             raise ValueError(f"algorithm.steps_per_rollout={self.steps_per_rollout} must be >= 1")
+        if self.reincarnate_at is not None and self.reincarnate_at < 1:
+            raise ValueError(f"algorithm.reincarnate_at={self.reincarnate_at} must be >= 1 or null")
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations={self.num_iterations} must be >= 1")
         sf = self.slow_fast
@@ -218,6 +224,10 @@ class Algorithm:
         out = torch.zeros((len(batch), *adv.shape[1:]), dtype=adv.dtype, device=adv.device)
         out[keep.to(adv.device)] = adv
         return out
+
+    def reincarnated(self, step: int) -> bool:
+        """Step ``step`` comes after the policy reincarnation (``reincarnate_at``): it trains on-policy."""
+        return self.reincarnate_at is not None and step > self.reincarnate_at
 
     def on_step(self, step: int, max_steps: int) -> None:
         """Tell a part with a schedule over training (MDPO's annealed step size) which train step begins."""

@@ -19,6 +19,9 @@ IS_WEIGHTS = "is_weights"  # (N, T) importance weights on the per-token loss (tr
 # (N,) bool: the row was replayed from an earlier step (RePO); its sampling_logprobs are its behaviour policy's, which
 # stay the ratio's denominator, and it is left out of the reward metrics and the train-inference mismatch
 REPLAYED = "replayed"
+# (N, T) log-probs of the policy the step's update starts from (the precedent policy), set by the trainer for a loss
+# that reads them (ReMix's KL-Convex); unlike old_logprobs they are not the behaviour policy's on replayed rows
+PRECEDENT = "precedent_logprobs"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

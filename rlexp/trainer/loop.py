@@ -19,7 +19,7 @@ from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, replayed_rows
+from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, PRECEDENT, replayed_rows
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -291,7 +291,10 @@ class Trainer:
             self.reward_terms,
             self.autocast_dtype,
         )
+        reincarnated = self.algo.reincarnated(step)  # ReMix: on-policy from here, replay off
         for stage in self.algo.group_stages:
+            if reincarnated and getattr(stage, "off_policy", False):
+                continue
             batch = stage(batch, ctx)
         timings["time/group_stage_s"] = time.perf_counter() - t1
         if self.ahead is not None and step < self.s.max_steps:
@@ -336,7 +339,9 @@ class Trainer:
                 # from itself to the end, not the whole completion's
                 batch.extras[KL_PENALTY] = self.algo.kl.coef * kl_tokens
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
-        if self.recompute_old_logprobs:
+        # after a policy reincarnation (ReMix) the update is on-policy: the old log-probs are the current ones
+        on_policy_now = reincarnated and self.ahead is None and self.correction is None
+        if self.recompute_old_logprobs and not on_policy_now:
             batch.old_logprobs = batch_logprobs(
                 self.train_model,
                 batch,
@@ -346,6 +351,8 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
             )
+        if PRECEDENT in self.algo.loss_batch_extras:  # the weights this update starts from (ReMix's KL-Convex)
+            batch.extras[PRECEDENT] = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
         if replayed is not None and batch.old_logprobs is not None:
             # replayed rows (RePO): the ratio's denominator is the policy that sampled them, not this step's weights
             rows = replayed.to(batch.old_logprobs.device)[:, None]
@@ -364,14 +371,14 @@ class Trainer:
                 self.scheduler,
                 batch,
                 self.algo,
-                mu=self.num_iterations,
+                mu=1 if reincarnated else self.num_iterations,
                 micro_batch=self.s.micro_batch_size,
                 temperature=self.rollout.temperature,
                 max_grad_norm=self.s.max_grad_norm,
                 autocast_dtype=self.autocast_dtype,
                 share_prompts=self.share_prompts,
                 micro_batch_tokens=self.s.micro_batch_tokens,
-                steps_per_rollout=self.steps_per_rollout,
+                steps_per_rollout=1 if reincarnated else self.steps_per_rollout,
                 seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
                 slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
                 stale=timings.get("async/version_lag", 0.0) > 0,
@@ -381,6 +388,10 @@ class Trainer:
             self.slow_fast.observe(train.get("entropy/mean", float("nan")), step)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
+        if self.algo.reincarnate_at is not None:
+            if step == self.algo.reincarnate_at and self.reference is not None:
+                self.reference.reset_to(self.model)  # the base model is replaced by the policy trained so far
+            train["reincarnation/done"] = float(step >= self.algo.reincarnate_at)
         timings["time/train_s"] = time.perf_counter() - t2
         timings["time/step_s"] = time.perf_counter() - t0
         # the step's own rollouts: replayed rows (RePO) were scored and counted on the step that sampled them

@@ -186,3 +186,82 @@ def test_repo_resume_replays_what_the_uninterrupted_run_does(tiny_cfg, tmp_path)
         assert {k: a[k] for k in a if k.startswith("ratio/")} == pytest.approx(
             {k: b[k] for k in b if k.startswith("ratio/")}, rel=1e-4
         )
+
+
+# ---- ReMix: mix-policy groups, KL-Convex, policy reincarnation ------------------------------------------------
+
+
+def test_mix_policy_replay_appends_whole_groups_of_the_previous_steps():
+    from rlexp.algorithms.group_stages.replay import MixPolicyReplay
+
+    stage = MixPolicyReplay(history=1, replay_frac=0.5, seed=0)
+    first = stage(_step_batch([1.0, 0.0, 0.0, 0.5], [-1.0, -2.0, -3.0, -4.0]), SimpleNamespace(step=1))
+    assert len(first) == 4 and first.stats["replay/rows"] == 0.0 and first.stats["replay/buffer_groups"] == 2.0
+    second = stage(_step_batch([0.0, 1.0, 1.0, 1.0], [-5.0] * 4), SimpleNamespace(step=2))
+    # ⌈0.5 × 2⌉ = 1 of step 1's two groups, whole, as a group of its own after the fresh ones
+    assert len(second) == 6 and second.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert second.extras[REPLAYED].tolist() == [False] * 4 + [True] * 2
+    picked = second.completions[4:]
+    assert picked in (["c0:1.0", "c1:0.0"], ["c2:0.0", "c3:0.5"])
+    behaviour = {"c0:1.0": -1.0, "c1:0.0": -2.0, "c2:0.0": -3.0, "c3:0.5": -4.0}
+    assert second.sampling_logprobs[4:, 0].tolist() == [behaviour[c] for c in picked]
+    assert second.stats["replay/groups"] == 1.0 and second.stats["replay/age_mean"] == 1.0
+    third = stage(_step_batch([0.0] * 4, [0.0] * 4), SimpleNamespace(step=3))
+    assert all(c.startswith(("c0:0.0", "c1:1.0", "c2:1.0", "c3:1.0")) for c in third.completions[4:]), (
+        "history 1: only step 2's groups remain"
+    )
+    again = MixPolicyReplay(history=1, replay_frac=0.5, seed=0)
+    again.load_state_dict(stage.state_dict())
+    assert again.state_dict()["steps"][0][0] == 3
+
+
+def test_precedent_kl_by_hand():
+    from rlexp.algorithms.losses.clip import ppo_clip
+    from rlexp.algorithms.losses.mirror import PrecedentKL
+
+    logp = torch.tensor([[-1.0, -2.0]])
+    old = torch.tensor([[-1.0, -2.0]])
+    prev = torch.tensor([[-1.5, -2.0]])
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    out = PrecedentKL(ppo_clip, coef=0.1)(logp, old, adv, mask, precedent_logprobs=prev)
+    r = math.exp(0.5)  # π_θ / π_prev on the first token; 1 on the second
+    kl0 = r * 0.5 - r + 1
+    assert out.per_token[0].tolist() == pytest.approx([-1.0 + 0.1 * kl0, -1.0])
+    assert out.token_stats["kl_convex/precedent_kl"][0].tolist() == pytest.approx([kl0, 0.0])
+    assert "clip/low_frac" in out.token_stats, "the inner loss's statistics pass through"
+    same = PrecedentKL(ppo_clip, coef=0.1)(logp, old, adv, mask, precedent_logprobs=logp.clone())
+    assert torch.allclose(same.per_token, ppo_clip(logp, old, adv, mask).per_token)
+
+
+def test_reference_reset_to_the_policy_is_kept_in_its_state():
+    from rlexp.algorithms.regularisers.reference import ReferenceModel
+    from tests.algorithms.batches import tiny_policy
+
+    policy = tiny_policy(0)
+    ref = ReferenceModel(policy, "frozen")
+    assert ref.state_dict() is None, "a frozen reference is rebuilt from the initial weights, not saved"
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    ref.reset_to(policy)
+    assert all(torch.equal(a, b) for a, b in zip(ref.model.parameters(), policy.parameters()))
+    other = ReferenceModel(tiny_policy(0), "frozen")
+    other.load_state_dict(ref.state_dict())
+    assert other.reincarnated and all(torch.equal(a, b) for a, b in zip(other.model.parameters(), policy.parameters()))
+
+
+def test_remix_mixes_policies_then_reincarnates_on_the_tiny_model(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(*VARYING, "algorithm=remix", "algorithm.reincarnate_at=2", "trainer.max_steps=3")
+    run(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    one, two, three = rows
+    assert one["replay/rows"] == 0.0 and one["train/optimizer_steps"] == 2.0 and one["reincarnation/done"] == 0.0
+    # step 2: step 1's two groups replayed beside the fresh two, clipped against step 1's policy, UTD 2
+    assert two["replay/rows"] == 8.0 and two["replay/groups"] == 2.0 and two["train/optimizer_steps"] == 2.0
+    assert two["batch/replayed_completions"] == 8.0 and two["batch/completions"] == 8.0
+    assert two["ratio/max"] != 1.0 and two["kl_convex/precedent_kl"] > 0 and two["kl/mean"] > 0
+    assert two["reincarnation/done"] == 1.0
+    # step 3, after the reincarnation: on-policy (one optimiser step, no replay), the base is step 2's policy
+    assert "replay/rows" not in three and three["train/optimizer_steps"] == 1.0
+    assert three["kl/mean"] == pytest.approx(0.0, abs=1e-6), "the reference is the policy the step started from"
+    assert three["ratio/max"] == pytest.approx(1.0, abs=1e-5)

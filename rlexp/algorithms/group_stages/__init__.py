@@ -8,6 +8,8 @@ advantages (listed in ``algorithm.group_stages``; configs bind their settings wi
 * ``overlong_mask``     DAPO's overlong filtering: truncated completions leave the loss.
 * ``overlong_penalty``  DAPO's soft overlong punishment, added as a reward term ``overlong``.
 * ``greedy_baseline``   ReMax's baseline: the reward of one greedy completion per prompt.
+* ``Replay``            RePO's per-prompt replay buffer: earlier completions of the prompt join the step.
+* ``MixPolicyReplay``   ReMix's mix-policy data: whole groups of the previous policies' rollouts join the step.
 
 (DAPO: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025.)
 """

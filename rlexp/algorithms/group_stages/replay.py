@@ -1,4 +1,7 @@
-"""Replay of earlier completions into the step's groups: RePO ("RePO: Replay-Enhanced Policy Optimization", Li,
+"""Replay of earlier completions into the step's batch: RePO's per-prompt replay (``Replay``) and ReMix's mix-policy
+groups (``MixPolicyReplay``, see its docstring).
+
+RePO ("RePO: Replay-Enhanced Policy Optimization", Li,
 Zhou, Lam, Yang and Lu, 2025; arXiv 2506.09340).
 
 A per-prompt FIFO buffer keeps the completions the policy wrote for a prompt on earlier steps, each with the
@@ -13,6 +16,7 @@ of the reward metrics and of the train-inference mismatch.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import deque
 
@@ -52,7 +56,10 @@ class Replay:
 
     Stats: ``replay/rows`` (replayed completions this step), ``replay/prompts`` (prompts that replayed),
     ``replay/buffer_prompts`` and ``replay/buffer_rows`` (after the push), ``replay/age_mean`` (steps since the
-    replayed completions were sampled), ``replay/reward_mean`` (their mean reward)."""
+    replayed completions were sampled), ``replay/reward_mean`` (their mean reward). ``off_policy``: skipped after a
+    policy reincarnation (``algorithm.reincarnate_at``)."""
+
+    off_policy = True
 
     def __init__(
         self,
@@ -102,21 +109,7 @@ class Replay:
         return [entries[i] for i in max_variance_subset([e["reward"] for e in entries], k)]
 
     def push(self, batch: RolloutBatch, step: int) -> None:
-        per_row = _per_row_extras(batch)
-        for i, prompt in enumerate(batch.prompts):
-            n = int(batch.completion_mask[i].sum())
-            entry = {
-                "ids": batch.completion_ids[i, :n].detach().cpu().clone(),
-                "logprobs": batch.sampling_logprobs[i, :n].detach().float().cpu().clone(),
-                "mask": batch.completion_mask[i, :n].detach().cpu().clone(),
-                "text": batch.completions[i],
-                "truncated": bool(batch.truncated[i]),
-                "rewards": batch.rewards[i].detach().cpu().clone(),
-                "failures": batch.reward_failures[i].detach().cpu().clone(),
-                "reward": float(batch.reward[i]),
-                "extras": {k: v[i].detach().cpu().clone() for k, v in per_row.items()},
-                "step": int(step),
-            }
+        for prompt, entry in zip(batch.prompts, row_entries(batch, step)):
             self.buffer.setdefault(prompt, deque(maxlen=self.capacity)).append(entry)
 
     # ---- the stage -------------------------------------------------------------------------------
@@ -141,7 +134,7 @@ class Replay:
             prompts_replayed += 1
             gid = g if self.widen == "mixed" else next_id
             next_id += self.widen == "split"
-            parts.append(self._replayed(batch, first, chosen, gid))
+            parts.append(stored_rows(batch, first, chosen, gid))
             ages += [step - e["step"] for e in chosen]
             rewards += [e["reward"] for e in chosen]
         self.push(batch, step)
@@ -164,44 +157,6 @@ class Replay:
             out.stats["replay/reward_mean"] = sum(rewards) / len(rewards)
         return out
 
-    def _replayed(self, batch: RolloutBatch, first: int, entries: list[dict], group_id: int) -> RolloutBatch:
-        """Rows of ``entries`` for the prompt of ``batch`` row ``first``, padded to the widest stored completion."""
-        device = batch.completion_ids.device
-        k, width = len(entries), max(len(e["ids"]) for e in entries)
-        ids = torch.zeros(k, width, dtype=batch.completion_ids.dtype, device=device)
-        mask = torch.zeros(k, width, dtype=batch.completion_mask.dtype, device=device)
-        logp = torch.zeros(k, width, dtype=batch.sampling_logprobs.dtype, device=device)
-        for j, e in enumerate(entries):
-            n = len(e["ids"])
-            ids[j, :n], mask[j, :n] = e["ids"].to(device), e["mask"].to(device)
-            logp[j, :n] = e["logprobs"].to(device=device, dtype=logp.dtype)
-        extras = {}
-        for key, v in _per_row_extras(batch).items():
-            rows = [e["extras"].get(key) for e in entries]
-            fill = torch.zeros_like(v[first])
-            extras[key] = torch.stack([(r if r is not None else fill.cpu()).to(v.device, v.dtype) for r in rows])
-        extras[REPLAYED] = torch.ones(k, dtype=torch.bool, device=device)
-        if LOSS_MASK in batch.extras:  # a stage before this one weighted rows; the replayed ones enter whole
-            extras[LOSS_MASK] = torch.ones(k, dtype=batch.extras[LOSS_MASK].dtype, device=device)
-        return RolloutBatch(
-            prompt_ids=batch.prompt_ids[first : first + 1].expand(k, -1).clone(),
-            prompt_mask=batch.prompt_mask[first : first + 1].expand(k, -1).clone(),
-            completion_ids=ids,
-            completion_mask=mask,
-            sampling_logprobs=logp,
-            truncated=torch.tensor([e["truncated"] for e in entries], dtype=batch.truncated.dtype, device=device),
-            group_ids=torch.full((k,), group_id, dtype=batch.group_ids.dtype, device=batch.group_ids.device),
-            prompts=[batch.prompts[first]] * k,
-            completions=[e["text"] for e in entries],
-            records=[batch.records[first]] * k,
-            rewards=torch.stack([e["rewards"] for e in entries]).to(batch.rewards.device, batch.rewards.dtype),
-            reward_names=batch.reward_names,
-            reward_weights=batch.reward_weights,
-            reward=torch.tensor([e["reward"] for e in entries], dtype=batch.reward.dtype, device=batch.reward.device),
-            reward_failures=torch.stack([e["failures"] for e in entries]).to(batch.reward_failures.device),
-            extras=extras,
-        )
-
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"buffer": {p: list(d) for p, d in self.buffer.items()}}
@@ -209,6 +164,135 @@ class Replay:
     def load_state_dict(self, state: dict | None) -> None:
         saved = (state or {}).get("buffer", {})
         self.buffer = {p: deque(entries, maxlen=self.capacity) for p, entries in saved.items()}
+
+
+@GROUP_STAGES.register
+class MixPolicyReplay:
+    """ReMix's mix-policy data ("Squeeze the Soaked Sponge: Efficient Off-policy Reinforcement Finetuning for Large
+    Language Model", Liang et al., 2025; arXiv 2507.06892): the step trains on its own groups plus whole groups
+    generated by the ``history`` policies before it (the rollouts of the previous ``history`` steps, whatever their
+    prompts), ⌈``replay_frac`` × fresh groups⌉ of them drawn uniformly without replacement (seeded by run seed and
+    step). A replayed group keeps its rewards and its group, so its advantages are those it had when sampled; its
+    rows keep the log-probs of the policy that sampled them as the ratio's denominator (``extras["replayed"]``).
+    ``off_policy``: skipped after the policy reincarnation (``algorithm.reincarnate_at``).
+
+    Stats: ``replay/rows``, ``replay/groups``, ``replay/age_mean`` (steps since sampled), ``replay/reward_mean``,
+    ``replay/buffer_groups``."""
+
+    off_policy = True
+
+    def __init__(self, history: int = 1, replay_frac: float = 1.0, seed: int = 0):
+        if history < 1:
+            raise ValueError(f"group stage MixPolicyReplay.history={history} must be >= 1")
+        if replay_frac <= 0:
+            raise ValueError(f"group stage MixPolicyReplay.replay_frac={replay_frac} must be > 0")
+        self.history, self.replay_frac, self.seed = history, float(replay_frac), seed
+        self.steps: deque = deque(maxlen=history)  # per earlier step: (step, [group entries])
+
+    def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
+        if batch.rewards is None or batch.reward is None:
+            raise RuntimeError("group stage MixPolicyReplay runs after the reward stage (it stores rewards)")
+        step = int(getattr(ctx, "step", 0) or 0)
+        device = batch.completion_ids.device
+        batch.extras[REPLAYED] = torch.zeros(len(batch), dtype=torch.bool, device=device)
+        stored = [(s, g) for s, groups in self.steps for g in groups]
+        want = min(len(stored), math.ceil(self.replay_frac * batch.num_groups))
+        rng = random.Random(f"{self.seed}:{step}")
+        chosen = [stored[i] for i in sorted(rng.sample(range(len(stored)), want))] if want else []
+        groups = []  # this step's groups: a one-row template (prompt, record, reward names) and the stored rows
+        for g in dict.fromkeys(batch.group_ids.tolist()):
+            sub = batch.select((batch.group_ids == g).nonzero().squeeze(-1))
+            groups.append((sub, row_entries(sub, step)))
+        parts = [batch]
+        next_id = int(batch.group_ids.max()) + 1 if len(batch) else 0
+        for _, (template, entries) in chosen:
+            parts.append(stored_rows(template, 0, entries, next_id))
+            next_id += 1
+        self.steps.append((step, [(sub.select([0]), entries) for sub, entries in groups]))
+        out = RolloutBatch.concat(parts) if chosen else batch
+        out.stats = dict(batch.stats)
+        ages = [step - s for s, (_, entries) in chosen for _ in entries]
+        rewards = [e["reward"] for _, (_, entries) in chosen for e in entries]
+        out.stats.update(
+            {
+                "replay/rows": float(len(ages)),
+                "replay/groups": float(len(chosen)),
+                "replay/buffer_groups": float(sum(len(groups) for _, groups in self.steps)),
+            }
+        )
+        if ages:
+            out.stats["replay/age_mean"] = sum(ages) / len(ages)
+            out.stats["replay/reward_mean"] = sum(rewards) / len(rewards)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self.steps = deque((state or {}).get("steps", []), maxlen=self.history)
+
+
+def row_entries(batch: RolloutBatch, step: int) -> list[dict]:
+    """What a replay buffer keeps of each row of ``batch`` (on the CPU, trimmed to the completion): tokens, the
+    sampling policy's log-probs, reward terms and total, the length flag, per-row extras, the step."""
+    per_row = _per_row_extras(batch)
+    out = []
+    for i in range(len(batch)):
+        n = int(batch.completion_mask[i].sum())
+        out.append(
+            {
+                "ids": batch.completion_ids[i, :n].detach().cpu().clone(),
+                "logprobs": batch.sampling_logprobs[i, :n].detach().float().cpu().clone(),
+                "mask": batch.completion_mask[i, :n].detach().cpu().clone(),
+                "text": batch.completions[i],
+                "truncated": bool(batch.truncated[i]),
+                "rewards": batch.rewards[i].detach().cpu().clone(),
+                "failures": batch.reward_failures[i].detach().cpu().clone(),
+                "reward": float(batch.reward[i]),
+                "extras": {k: v[i].detach().cpu().clone() for k, v in per_row.items()},
+                "step": int(step),
+            }
+        )
+    return out
+
+
+def stored_rows(batch: RolloutBatch, first: int, entries: list[dict], group_id: int) -> RolloutBatch:
+    """Rows of ``entries`` for the prompt of ``batch`` row ``first``, padded to the widest stored completion."""
+    device = batch.completion_ids.device
+    k, width = len(entries), max(len(e["ids"]) for e in entries)
+    ids = torch.zeros(k, width, dtype=batch.completion_ids.dtype, device=device)
+    mask = torch.zeros(k, width, dtype=batch.completion_mask.dtype, device=device)
+    logp = torch.zeros(k, width, dtype=batch.sampling_logprobs.dtype, device=device)
+    for j, e in enumerate(entries):
+        n = len(e["ids"])
+        ids[j, :n], mask[j, :n] = e["ids"].to(device), e["mask"].to(device)
+        logp[j, :n] = e["logprobs"].to(device=device, dtype=logp.dtype)
+    extras = {}
+    for key, v in _per_row_extras(batch).items():
+        rows = [e["extras"].get(key) for e in entries]
+        fill = torch.zeros_like(v[first])
+        extras[key] = torch.stack([(r if r is not None else fill.cpu()).to(v.device, v.dtype) for r in rows])
+    extras[REPLAYED] = torch.ones(k, dtype=torch.bool, device=device)
+    if LOSS_MASK in batch.extras:  # a stage before this one weighted rows; the replayed ones enter whole
+        extras[LOSS_MASK] = torch.ones(k, dtype=batch.extras[LOSS_MASK].dtype, device=device)
+    return RolloutBatch(
+        prompt_ids=batch.prompt_ids[first : first + 1].expand(k, -1).clone(),
+        prompt_mask=batch.prompt_mask[first : first + 1].expand(k, -1).clone(),
+        completion_ids=ids,
+        completion_mask=mask,
+        sampling_logprobs=logp,
+        truncated=torch.tensor([e["truncated"] for e in entries], dtype=batch.truncated.dtype, device=device),
+        group_ids=torch.full((k,), group_id, dtype=batch.group_ids.dtype, device=batch.group_ids.device),
+        prompts=[batch.prompts[first]] * k,
+        completions=[e["text"] for e in entries],
+        records=[batch.records[first]] * k,
+        rewards=torch.stack([e["rewards"] for e in entries]).to(batch.rewards.device, batch.rewards.dtype),
+        reward_names=batch.reward_names,
+        reward_weights=batch.reward_weights,
+        reward=torch.tensor([e["reward"] for e in entries], dtype=batch.reward.dtype, device=batch.reward.device),
+        reward_failures=torch.stack([e["failures"] for e in entries]).to(batch.reward_failures.device),
+        extras=extras,
+    )
 
 
 def _per_row_extras(batch: RolloutBatch) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 
 from rlexp.algorithms.losses.base import LossOutput, expand_like
 from rlexp.algorithms.regularisers.kl import kl_to_sampler
+from rlexp.core.masks import PRECEDENT
 from rlexp.core.registry import LOSSES
 
 
@@ -54,3 +55,29 @@ class MirrorDescent:
             "ratio/mean": ratio.detach(),
         }
         return LossOutput(per_token, stats)
+
+
+@LOSSES.register
+class PrecedentKL:
+    """A policy loss plus a KL term to the precedent policy (the weights the step's update starts from):
+    ℓ_t = inner_t + ``coef``·KL_t(π_θ ‖ π_prev), KL_t = r·log r − r + 1 with r = π_θ/π_prev
+    (``regularisers.kl.kl_to_sampler``). With the algorithm's KL to the reference (the base model) at
+    ``kl.coef`` = β·λ and ``coef`` = β·(1 − λ), this is ReMix's KL-Convex policy constraint ("Squeeze the Soaked
+    Sponge: Efficient Off-policy Reinforcement Finetuning for Large Language Model", Liang et al., 2025; arXiv
+    2507.06892): a convex combination of the constraints to the base and to the precedent model. π_prev differs
+    from the ratio's denominator on replayed rows (theirs is the policy that sampled them); 0 with a 0 gradient on
+    the first optimiser step of a rollout. Stats: ``kl_convex/precedent_kl``."""
+
+    batch_extras = (PRECEDENT,)
+
+    def __init__(self, inner, coef: float = 0.0):
+        if coef < 0:
+            raise ValueError(f"loss PrecedentKL.coef={coef} must be >= 0")
+        self.inner, self.coef = inner, float(coef)
+
+    def __call__(self, logp, old_logp, advantages, mask, precedent_logprobs=None) -> LossOutput:
+        out = self.inner(logp, old_logp, advantages, mask)
+        prev = old_logp if precedent_logprobs is None else precedent_logprobs
+        kl = kl_to_sampler(logp, prev)
+        stats = {**out.token_stats, "kl_convex/precedent_kl": kl.detach()}
+        return LossOutput(out.per_token + self.coef * kl, stats)

@@ -31,6 +31,7 @@ class ReferenceModel:
             raise ValueError(f"algorithm.reference.ema_interval={ema_interval} must be >= 1")
         self.kind, self.ema_decay, self.ema_interval = kind, ema_decay, ema_interval
         self.model = None
+        self.reincarnated = False  # reset_to has replaced the weights (ReMix's policy reincarnation)
         if kind == "frozen" and is_peft(policy):  # LoRA: the base with the adapters off, not a copy
             self.model = AdaptersOff(policy)
         elif kind != "none":
@@ -45,12 +46,29 @@ class ReferenceModel:
         ema_update(self.model, policy, self.ema_decay)
         return True
 
+    @torch.no_grad()
+    def reset_to(self, policy: torch.nn.Module) -> None:
+        """The reference becomes a copy of ``policy`` as it is now (ReMix's policy reincarnation: the base model
+        is replaced by the trained one). Under LoRA the frozen reference is the adapters-off view of the policy,
+        which cannot hold other weights."""
+        if self.model is None:
+            return
+        if isinstance(self.model, AdaptersOff):
+            raise ValueError(
+                "algorithm.reincarnate_at resets the reference to the policy, but under model/peft=lora the frozen "
+                "reference is the policy with its adapters off: use algorithm.reference.kind=ema (a full copy)"
+            )
+        ema_update(self.model, policy, 0.0)
+        self.reincarnated = True
+
     def state_dict(self):
-        return self.model.state_dict() if self.model is not None and self.kind == "ema" else None
+        kept = self.kind == "ema" or self.reincarnated
+        return self.model.state_dict() if self.model is not None and kept else None
 
     def load_state_dict(self, state):
         if state is not None and self.model is not None:
             self.model.load_state_dict(state)
+            self.reincarnated = self.kind != "ema"
 
 
 @torch.no_grad()
