@@ -182,6 +182,12 @@ class Algorithm:
         return getattr(self.loss, "scope", None) == "mini_batch" and callable(getattr(self.loss, "select", None))
 
     @property
+    def loss_support_k(self) -> int:
+        """K > 0: the loss works on the old policy's sparse support (TROLL): the trainer keeps the old top-K of each
+        position beside the old log-probs, and the forward gathers the current log-probs on it."""
+        return int(getattr(self.loss, "support_k", 0) or 0)
+
+    @property
     def loss_needs_reference(self) -> bool:
         """The policy loss itself reads the reference log-probs (CoPG's β·log π/π_ref inside its loss)."""
         return bool(getattr(self.loss, "needs_reference", False))
@@ -245,6 +251,7 @@ class Algorithm:
         ref_logp: torch.Tensor | None = None,
         selected: torch.Tensor | None = None,
         extras: dict[str, torch.Tensor] | None = None,
+        support_logp: torch.Tensor | None = None,
     ) -> LossOutput:
         """Per-token loss of one micro-batch (before aggregation) and its per-token statistics. ``selected``: this
         micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``). ``extras``:
@@ -258,6 +265,8 @@ class Algorithm:
                     f"(see the loss's docstring for the part that sets it)"
                 )
             kwargs[key] = extras[key]
+        if self.loss_support_k:  # TROLL: the current log-probs on the old policy's support
+            kwargs["support_logprobs"] = support_logp
         if loss_takes_entropy(self.loss):
             if entropy is None:
                 raise ValueError("algorithm.loss needs token entropies")

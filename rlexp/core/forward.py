@@ -45,7 +45,9 @@ def token_logprobs(
     entropy_grad: bool = False,
     share_prompts: bool = True,
     prompt_groups: PromptGroups | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    support: torch.Tensor | None = None,
+    topk: int = 0,
+):
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
 
@@ -53,7 +55,12 @@ def token_logprobs(
     through the model once and reuse its KV cache (gradients flow back through it), which removes
     (G−1)/G of the prompt compute; the result equals the unshared forward. ``prompt_groups``: which
     rows share a prompt, worked out beforehand (``PromptGroups.from_index``), so the forward needs no
-    device round trip; otherwise found with ``torch.unique`` on the device."""
+    device round trip; otherwise found with ``torch.unique`` on the device.
+
+    ``support`` (N, T, S) vocabulary ids and/or ``topk`` K > 0 (a trust-region loss, TROLL): the log-probs on those
+    ids (with gradient) and/or the top-K ids and log-probs of each position come back as a third value, a dict with
+    ``support_logp`` (N, T, S), ``topk_idx`` and ``topk_logp`` (N, T, K); these go through the full-vocabulary
+    log-softmax of each piece."""
     T = completion_ids.shape[1]
     with torch.autocast(
         prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
@@ -79,8 +86,27 @@ def token_logprobs(
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
+    sparse = support is not None or topk > 0
+    extra: dict[str, list] = {"support_logp": [], "topk_idx": [], "topk_logp": []}
     for logits in pieces:
         tokens = completion_ids[:, start : start + logits.shape[1]]
+        if sparse:  # the full-vocabulary log-softmax, gathered where asked
+            logp_all = torch.log_softmax(logits.float() / temperature, -1)
+            lp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            ent = None
+            if with_entropy:
+                ent = -(logp_all.exp() * logp_all).sum(-1)
+                ent = ent if entropy_grad else ent.detach()
+            if support is not None:
+                extra["support_logp"].append(logp_all.gather(-1, support[:, start : start + logits.shape[1]]))
+            if topk > 0:
+                values, ids = logp_all.detach().topk(min(topk, logp_all.shape[-1]), -1)
+                extra["topk_idx"].append(ids)
+                extra["topk_logp"].append(values)
+            start += logits.shape[1]
+            logps.append(lp)
+            entropies.append(ent)
+            continue
         start += logits.shape[1]
         if not (with_entropy and entropy_grad and torch.is_grad_enabled()):
             lp, ent = selected_logprobs(logits, tokens, temperature, with_entropy)
@@ -90,9 +116,12 @@ def token_logprobs(
         logps.append(lp)
         entropies.append(ent)
     logp = logps[0] if len(logps) == 1 else torch.cat(logps, 1)
-    if not with_entropy:
-        return logp, None
-    return logp, entropies[0] if len(entropies) == 1 else torch.cat(entropies, 1)
+    entropy = None
+    if with_entropy:
+        entropy = entropies[0] if len(entropies) == 1 else torch.cat(entropies, 1)
+    if not sparse:
+        return logp, entropy
+    return logp, entropy, {k: torch.cat(v, 1) for k, v in extra.items() if v}
 
 
 class _SelectedLogprobs(torch.autograd.Function):

@@ -22,6 +22,11 @@ REPLAYED = "replayed"
 # (N, T) log-probs of the policy the step's update starts from (the precedent policy), set by the trainer for a loss
 # that reads them (ReMix's KL-Convex); unlike old_logprobs they are not the behaviour policy's on replayed rows
 PRECEDENT = "precedent_logprobs"
+# the old policy's sparse support per token (TROLL): (N, T, S) vocabulary ids, their old log-probs (−inf: left out),
+# and (N, T) the sampled token's column; set by the trainer for a loss with ``support_k`` > 0
+SUPPORT_IDX = "support_idx"
+SUPPORT_OLD = "support_old_logprobs"
+SUPPORT_TOKEN = "support_token_pos"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -19,7 +19,7 @@ from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, PRECEDENT, replayed_rows
+from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, PRECEDENT, SUPPORT_IDX, SUPPORT_OLD, SUPPORT_TOKEN, replayed_rows
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -341,8 +341,9 @@ class Trainer:
                 kl_metrics["kl/reward_penalty_mean"] = float(kl.mean())
         # after a policy reincarnation (ReMix) the update is on-policy: the old log-probs are the current ones
         on_policy_now = reincarnated and self.ahead is None and self.correction is None
-        if self.recompute_old_logprobs and not on_policy_now:
-            batch.old_logprobs = batch_logprobs(
+        support_k = self.algo.loss_support_k  # TROLL: the old policy's top-K beside its log-probs
+        if (self.recompute_old_logprobs and not on_policy_now) or support_k:
+            old = batch_logprobs(
                 self.train_model,
                 batch,
                 self.s.micro_batch_size,
@@ -350,7 +351,17 @@ class Trainer:
                 self.autocast_dtype,
                 self.share_prompts,
                 self.s.micro_batch_tokens,
+                topk=support_k,
             )
+            if support_k:
+                from rlexp.algorithms.losses.trust_region import sparse_support
+
+                old, top_idx, top_lp = old
+                idx, old_lp, token_col = sparse_support(
+                    top_idx, top_lp, batch.completion_ids, old, getattr(self.algo.loss, "delta", 1e-5)
+                )
+                batch.extras.update({SUPPORT_IDX: idx, SUPPORT_OLD: old_lp, SUPPORT_TOKEN: token_col})
+            batch.old_logprobs = old
         if PRECEDENT in self.algo.loss_batch_extras:  # the weights this update starts from (ReMix's KL-Convex)
             batch.extras[PRECEDENT] = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
         if replayed is not None and batch.old_logprobs is not None:

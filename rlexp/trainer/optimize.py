@@ -13,7 +13,7 @@ from rlexp.algorithms.aggregation import Normaliser, aggregate
 from rlexp.algorithms.algorithm import Algorithm
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.forward import token_logprobs
-from rlexp.core.masks import IS_WEIGHTS, REPLAYED, loss_mask
+from rlexp.core.masks import IS_WEIGHTS, REPLAYED, SUPPORT_IDX, loss_mask
 from rlexp.core.micro_batches import group_mini_batches, plan_micro_batches
 
 
@@ -55,12 +55,19 @@ def batch_logprobs(
     autocast_dtype: torch.dtype | None = None,
     share_prompts: bool = True,
     micro_batch_tokens: int | None = None,
-) -> torch.Tensor:
-    """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad)."""
+    topk: int = 0,
+):
+    """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad). With ``topk`` K > 0 also the
+    (N, T, K) ids and log-probs of each position's K most likely tokens (TROLL's old support): a triple."""
     out = torch.zeros_like(batch.sampling_logprobs)
+    if topk > 0:
+        n, t = out.shape
+        top_idx = torch.zeros(n, t, topk, dtype=torch.long, device=out.device)
+        top_lp = torch.full((n, t, topk), float("-inf"), dtype=out.dtype, device=out.device)
+        top_lp[..., 0] = 0.0  # padding positions: a point mass (finite everywhere, masked out of the loss)
     for mb in plan_micro_batches(batch, micro_batch, share_prompts, micro_batch_tokens):
         p, pm, c, cm, end = mb.rows(batch)
-        lp, _ = token_logprobs(
+        res = token_logprobs(
             model,
             p,
             pm,
@@ -70,9 +77,14 @@ def batch_logprobs(
             autocast_dtype=autocast_dtype,
             share_prompts=share_prompts and mb.prompt_groups is not None,
             prompt_groups=mb.prompt_groups,
+            topk=topk,
         )
-        out[mb.dev_idx, :end] = lp * cm
-    return out
+        out[mb.dev_idx, :end] = res[0] * cm
+        if topk > 0:
+            k = res[2]["topk_idx"].shape[-1]
+            top_idx[mb.dev_idx, :end, :k] = res[2]["topk_idx"]
+            top_lp[mb.dev_idx, :end, :k] = res[2]["topk_logp"].to(out.dtype)
+    return (out, top_idx, top_lp) if topk > 0 else out
 
 
 def policy_update(
@@ -171,7 +183,8 @@ def policy_update(
             for mb in plan:
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(part)
-                logp, entropy = token_logprobs(
+                support = part.extras[SUPPORT_IDX][dev_idx, :end] if algo.loss_support_k else None
+                res = token_logprobs(
                     model,
                     p,
                     pm,
@@ -183,7 +196,10 @@ def policy_update(
                     entropy_grad=bool(algo.entropy_coef),
                     share_prompts=share_prompts and mb.prompt_groups is not None,
                     prompt_groups=mb.prompt_groups,
+                    support=support,
                 )
+                logp, entropy = res[0], res[1]
+                support_logp = res[2]["support_logp"] if support is not None else None
                 old_lp = part_old[dev_idx, :end]
                 replayed = part.extras.get(REPLAYED)
                 replayed = replayed[dev_idx].bool()[:, None] if replayed is not None else None
@@ -199,11 +215,11 @@ def policy_update(
                 extras = None
                 if algo.loss_batch_extras:  # per-row fields a loss reads (GBPO's target), this micro-batch's rows
                     extras = {
-                        k: (v[dev_idx, :end] if v.dim() == 2 else v[dev_idx])
+                        k: (v[dev_idx, :end] if v.dim() >= 2 else v[dev_idx])
                         for k in algo.loss_batch_extras
                         if (v := part.extras.get(k)) is not None
                     }
-                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras)
+                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp)
                 per_token = out.per_token
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]

@@ -213,3 +213,25 @@ def test_prompt_groups_from_host_labels():
     labels = torch.tensor([5, 5, 2, 7, 2])
     assert torch.equal(labels[g.first][g.inverse], labels)  # each row maps to a row with its prompt
     assert PromptGroups.from_index(torch.tensor([3, 1, 2]), torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_support_and_topk_log_probs_are_the_full_log_softmax_gathered(rollout_batch, share):
+    """TROLL's sparse support: the log-probs on given ids and the top-K of each position, from the same forward as
+    the sampled tokens' (shared-prompt path included), equal the full log-softmax gathered by hand."""
+    lm, out = rollout_batch
+    args = (lm.model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask, 0.8)
+    n, t = out.completion_ids.shape
+    support = torch.randint(0, lm.model.config.vocab_size, (n, t, 3))
+    lp, _, extra = token_logprobs(*args, share_prompts=share, support=support, topk=4)
+    plain, _ = token_logprobs(*args, share_prompts=False)
+    assert torch.allclose(lp, plain, atol=1e-5)
+    ids = torch.cat([out.prompt_ids, out.completion_ids], 1)
+    attn = torch.cat([out.prompt_mask, out.completion_mask], 1)
+    logits = lm.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
+    full = torch.log_softmax(logits[:, out.prompt_ids.shape[1] - 1 : -1].float() / 0.8, -1)
+    m = out.completion_mask.bool()
+    assert torch.allclose(extra["support_logp"][m], full.gather(-1, support)[m], atol=1e-4)
+    top_lp, top_idx = full.topk(4, -1)
+    assert torch.allclose(extra["topk_logp"][m], top_lp[m], atol=1e-4)
+    assert (extra["topk_idx"][m][:, 0] == top_idx[m][:, 0]).float().mean() > 0.99
