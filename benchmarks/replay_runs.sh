@@ -6,7 +6,7 @@
 #   bash benchmarks/replay_runs.sh            # grpo + repo, then remix
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEST=${DEST:-results/replay/repo_smollm2/runs}
+DEST=${DEST:-results/replay/smollm2/runs}
 COMMON=(dataset.train_size=48 trainer.max_steps=18 trainer.eval_every=9 trainer.num_threads=1 trainer.checkpoint_every=0
   tracker=none)
 mkdir -p "$DEST"
