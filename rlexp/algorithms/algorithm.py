@@ -59,6 +59,15 @@ class SlowFastSettings:
 
 
 @dataclass
+class ActionMaskSettings:
+    """NLPO's learned action mask (``rlexp.algorithms.regularisers.action_mask``): a copy of the policy, synced every
+    ``sync_every`` optimiser steps, allows its top-``top_p`` tokens at each position, in sampling and in the loss."""
+
+    top_p: float = 0.9
+    sync_every: int = 5
+
+
+@dataclass
 class Algorithm:
     name: str
     advantage: Callable
@@ -98,6 +107,8 @@ class Algorithm:
     # and later steps train on-policy: one epoch of one optimiser step per rollout, group stages marked
     # ``off_policy`` (replay) skipped. null: never
     reincarnate_at: int | None = None
+    # NLPO: sampling and log-probs restricted to a masking policy's top-p tokens (ActionMaskSettings); null: none
+    action_mask: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -107,6 +118,8 @@ class Algorithm:
         if not isinstance(self.slow_fast, SlowFastSettings):
             self.slow_fast = SlowFastSettings(**dict(self.slow_fast))
         self.group_stages = list(self.group_stages or [])
+        if self.action_mask is not None and not isinstance(self.action_mask, ActionMaskSettings):
+            self.action_mask = ActionMaskSettings(**dict(self.action_mask))
         if self.family and self.family not in FAMILIES:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:

@@ -3,8 +3,8 @@
 One row per completion. The rollout fills the token fields, the reward stage ``rewards``, group
 stages may drop rows, reshape rewards or add rows replayed from earlier steps (RePO, ReMix: marked
 ``extras["replayed"]``, their ``sampling_logprobs`` the behaviour policy's), the advantage estimator
-fills ``advantages``; no stage re-derives a field another stage owns. ``extras`` carries per-row values added by later stages
-(e.g. GRPO-CARE confidences) and ``stats`` per-step scalars for the trackers.
+fills ``advantages``; no stage re-derives a field another stage owns. ``extras`` carries per-row
+values added by later stages (e.g. GRPO-CARE confidences) and ``stats`` per-step scalars for the trackers.
 """
 
 from __future__ import annotations

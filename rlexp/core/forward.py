@@ -47,6 +47,7 @@ def token_logprobs(
     prompt_groups: PromptGroups | None = None,
     support: torch.Tensor | None = None,
     topk: int = 0,
+    vocab_mask: torch.Tensor | None = None,
 ):
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
@@ -60,7 +61,8 @@ def token_logprobs(
     ``support`` (N, T, S) vocabulary ids and/or ``topk`` K > 0 (a trust-region loss, TROLL): the log-probs on those
     ids (with gradient) and/or the top-K ids and log-probs of each position come back as a third value, a dict with
     ``support_logp`` (N, T, S), ``topk_idx`` and ``topk_logp`` (N, T, K); these go through the full-vocabulary
-    log-softmax of each piece."""
+    log-softmax of each piece. ``vocab_mask`` (N, T, V) bool (NLPO's action mask): the log-softmax is taken over the
+    allowed tokens only (the others' logits −inf), so log-probs and entropies are those of the renormalised policy."""
     T = completion_ids.shape[1]
     with torch.autocast(
         prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
@@ -87,15 +89,20 @@ def token_logprobs(
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
     sparse = support is not None or topk > 0
+    full = sparse or vocab_mask is not None
     extra: dict[str, list] = {"support_logp": [], "topk_idx": [], "topk_logp": []}
     for logits in pieces:
         tokens = completion_ids[:, start : start + logits.shape[1]]
-        if sparse:  # the full-vocabulary log-softmax, gathered where asked
-            logp_all = torch.log_softmax(logits.float() / temperature, -1)
+        if full:  # the full-vocabulary log-softmax (of the allowed tokens), gathered where asked
+            scaled = logits.float() / temperature
+            if vocab_mask is not None:
+                scaled = scaled.masked_fill(~vocab_mask[:, start : start + logits.shape[1]], float("-inf"))
+            logp_all = torch.log_softmax(scaled, -1)
             lp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             ent = None
             if with_entropy:
-                ent = -(logp_all.exp() * logp_all).sum(-1)
+                p_all = logp_all.exp()
+                ent = -torch.where(p_all > 0, p_all * logp_all, torch.zeros_like(p_all)).sum(-1)
                 ent = ent if entropy_grad else ent.detach()
             if support is not None:
                 extra["support_logp"].append(logp_all.gather(-1, support[:, start : start + logits.shape[1]]))

@@ -103,6 +103,7 @@ class HFRollout:
         micro_group_size: int = 0,
         speculative_reuse: dict | None = None,
     ):
+        self.action_mask = None  # NLPO's TopPActionMask, set by the trainer (engine=generate only)
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
@@ -428,11 +429,15 @@ class HFRollout:
     def _generate(self, model, tokenizer, rows, greedy, max_new_tokens) -> RolloutOutput:
         enc, eos_ids = self._encode(model, tokenizer, rows)
         recorder = SampledLogprobRecorder(self.temperature)
+        processors = [recorder]
+        mask = getattr(self, "action_mask", None)  # NLPO: sampling restricted to the masking policy's top-p
+        if mask is not None and not greedy:
+            processors.insert(0, mask.processor(enc["attention_mask"]))  # before the recorder: renormalised log-probs
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos_ids,
-            logits_processor=LogitsProcessorList([recorder]),
+            logits_processor=LogitsProcessorList(processors),
         )
         if self.cache_implementation:
             kwargs["cache_implementation"] = self.cache_implementation

@@ -130,6 +130,18 @@ class Trainer:
         if algorithm.needs_reference:
             r = algorithm.reference
             self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval)
+        self.action_mask = None  # NLPO: the masking policy (a synced copy) whose top-p tokens are the allowed ones
+        if algorithm.action_mask is not None:
+            from rlexp.algorithms.regularisers.action_mask import TopPActionMask
+
+            if getattr(rollout, "_loop", True) is not None or not hasattr(rollout, "action_mask"):
+                raise ValueError(
+                    "algorithm.action_mask (NLPO) masks sampling through transformers' generate: set "
+                    "rollout.engine=generate (the hf rollout; +experiment=nlpo does)"
+                )
+            a = algorithm.action_mask
+            self.action_mask = TopPActionMask(model, a.top_p, a.sync_every)
+            rollout.action_mask = self.action_mask
         self.consistency = consistency  # evaluation.consistency.ConsistencyMeter: per-step consistency rates
         if consistency is not None:
             consistency.bind(model, self.reference)
@@ -352,6 +364,7 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
                 topk=support_k,
+                action_mask=self.action_mask,
             )
             if support_k:
                 from rlexp.algorithms.losses.trust_region import sparse_support
@@ -393,12 +406,15 @@ class Trainer:
                 seed=self.s.seed * 1_000_003 + step,  # the mini-batch split: seeded per step, so a resume repeats it
                 slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
                 stale=timings.get("async/version_lag", 0.0) > 0,
+                action_mask=self.action_mask,
             )
         if self.algo.slow_fast.fast_steps > 0:
             train.setdefault("sfpo/active", 0.0)
             self.slow_fast.observe(train.get("entropy/mean", float("nan")), step)
         if self.reference is not None and self.reference.after_optimizer_step(self.model, step):
             train["reference/ema_updates"] = 1.0
+        if self.action_mask is not None:
+            train["action_mask/synced"] = float(self.action_mask.after_optimizer_step(self.model, step))
         if self.algo.reincarnate_at is not None:
             if step == self.algo.reincarnate_at and self.reference is not None:
                 self.reference.reset_to(self.model)  # the base model is replaced by the policy trained so far
@@ -431,6 +447,12 @@ class Trainer:
         timings["async/version_lag"] = float(step - 1 - job.version)
         return batch
 
+    @property
+    def stateful_parts(self) -> list:
+        """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
+        masking policy."""
+        return [*self.algo.group_stages, *([self.action_mask] if self.action_mask is not None else [])]
+
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:
         """Load the newest usable checkpoint of the run directory (``trainer.resume``), falling back to an older
@@ -451,7 +473,7 @@ class Trainer:
                 critic=self.algo.critic,
                 rollout=self.rollout,
                 pending=self.ahead,
-                stages=self.algo.group_stages,
+                stages=self.stateful_parts,
             )
         if found is not None:
             path, meta = found
@@ -570,7 +592,7 @@ class Trainer:
                         keep=max(s.keep_checkpoints, 2 if s.fallback_checkpoint else 1),
                         optimizer_state=s.save_optimizer,
                         pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept
-                        stages=self.algo.group_stages,  # stages with state (RePO's replay buffer)
+                        stages=self.stateful_parts,  # parts with state (RePO's replay buffer, NLPO's mask)
                     )
                 if signalled and step < s.max_steps:  # stopped on a signal (the last step: simply done)
                     from rlexp.trainer.stopping import RunStopped

@@ -1,0 +1,117 @@
+"""A learned action mask: NLPO ("Is Reinforcement Learning (Not) for Natural Language Processing: Benchmarks,
+Baselines, and Building Blocks for Natural Language Policy Optimization", Ramamurthy et al., 2022; arXiv 2210.01241).
+
+A masking policy π_ψ, a copy of the policy refreshed every ``sync_every`` optimiser steps, restricts each next-token
+choice to its top-p tokens: the policy samples from π_θ renormalised on that set, and its log-probs in the loss are
+renormalised on the same set (the released RL4LMs' ``learned_top_p`` mask: ``MaskableCategorical`` over the masking
+model's top-p). ``processor`` masks generation (a transformers logits processor with the masking model's own KV cache);
+``vocab_mask`` gives the (N, T, V) masks of a training micro-batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import LogitsProcessor
+
+from rlexp.core.forward import padded_causal_mask, sequence_inputs
+from rlexp.core.registry import REGULARISERS
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(…, V) bool: the fewest most likely tokens of softmax(logits) whose mass reaches ``top_p`` (at least one)."""
+    probs = torch.softmax(logits.float(), -1)
+    sorted_p, order = probs.sort(-1, descending=True)
+    keep_sorted = torch.cumsum(sorted_p, -1) - sorted_p < top_p
+    keep_sorted[..., 0] = True
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+@REGULARISERS.register
+class TopPActionMask:
+    """NLPO's masking policy: a frozen copy of the policy, synced every ``sync_every`` optimiser steps (the released
+    code's ``target_update_iterations``), whose top-``top_p`` tokens are the allowed actions."""
+
+    def __init__(self, policy: torch.nn.Module, top_p: float = 0.9, sync_every: int = 5):
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"algorithm.action_mask.top_p={top_p} must be in (0, 1]")
+        if sync_every < 1:
+            raise ValueError(f"algorithm.action_mask.sync_every={sync_every} must be >= 1")
+        self.top_p, self.sync_every = float(top_p), int(sync_every)
+        self.model = copy.deepcopy(policy).eval()
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def after_optimizer_step(self, policy: torch.nn.Module, step: int) -> bool:
+        """Copy the policy into the masking model after training step ``step`` (1-based) every ``sync_every``."""
+        if step % self.sync_every:
+            return False
+        for t, s in zip(self.model.parameters(), policy.parameters()):
+            t.copy_(s.detach())
+        return True
+
+    @torch.no_grad()
+    def vocab_mask(self, prompt_ids, prompt_mask, completion_ids, completion_mask, autocast_dtype=None) -> torch.Tensor:
+        """(N, T, V) bool: the allowed tokens at each completion position (the sampled token always allowed, so a
+        top-p boundary that rounds differently from generation's never masks it out)."""
+        input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        T = completion_ids.shape[1]
+        with torch.autocast(
+            prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+        ):
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=padded_causal_mask(attention),
+                position_ids=positions,
+                logits_to_keep=T + 1,
+                use_cache=False,
+            ).logits[:, :-1]
+        mask = top_p_mask(logits, self.top_p)
+        return mask.scatter(-1, completion_ids.unsqueeze(-1), True)
+
+    def processor(self, prompt_mask: torch.Tensor) -> LogitsProcessor:
+        return _MaskingProcessor(self.model, self.top_p, prompt_mask)
+
+    def state_dict(self):
+        return self.model.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        if state is not None:
+            self.model.load_state_dict(state)
+
+
+class _MaskingProcessor(LogitsProcessor):
+    """Generation's mask: the masking model runs beside the policy, one token a step on its own KV cache; scores
+    outside its top-p become −inf (so a recorder after it records the renormalised log-probs)."""
+
+    def __init__(self, model, top_p: float, prompt_mask: torch.Tensor):
+        self.model, self.top_p = model, top_p
+        self.attention = prompt_mask.clone()
+        self.cache = None
+        self.seen = 0
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            positions = (self.attention.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=self.attention,
+                position_ids=positions,
+                use_cache=True,
+            )
+        else:
+            new = input_ids[:, self.seen :]
+            self.attention = torch.cat([self.attention, torch.ones_like(new)], 1)
+            positions = (self.attention.cumsum(-1) - 1)[:, -new.shape[1] :]
+            out = self.model(
+                input_ids=new,
+                attention_mask=self.attention,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        self.cache, self.seen = out.past_key_values, input_ids.shape[1]
+        allowed = top_p_mask(out.logits[:, -1], self.top_p)
+        return scores.masked_fill(~allowed, float("-inf"))
