@@ -16,6 +16,8 @@ from tests.algorithms.varying_reward import VARYING
 
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "algorithm").glob("*.yaml"))
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2"]  # keep ~20 runs cheap
+# the rollout a method's mechanism plugs into, as its +experiment sets it (NLPO's action mask: transformers' generate)
+ROLLOUT = {"nlpo": ["rollout.engine=generate"]}
 
 
 def test_the_library_has_the_methods_of_issue_3():
@@ -46,7 +48,7 @@ def test_the_library_has_the_methods_of_issue_3():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_trains_two_steps(method, tiny_cfg):
-    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}"))
+    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}", *ROLLOUT.get(method, [])))
     m = result.metrics
     assert result.last_step == 2
     assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"])
@@ -67,6 +69,12 @@ def test_method_trains_two_steps(method, tiny_cfg):
     if method == "a_lol":  # the sequence weight leaves 1 on the second mini-batch
         assert m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0
         assert 0.0 <= m["a_lol/dropped_frac"] <= 1.0
+    if method == "troll":  # the projection's quantities on the old support (tests/algorithms/test_trust_region.py)
+        assert m["troll/support"] > 1 and m["troll/kl_projected"] <= 0.05 + 1e-6
+    if method == "nlpo":  # the masking policy allows a subset of the vocabulary (tests/algorithms/test_action_mask.py)
+        assert 1 <= m["action_mask/allowed"] < 49152
+    if method in ("repo", "remix"):  # replay fires once prompts recur (tests/algorithms/test_replay.py)
+        assert "replay/rows" in m
 
 
 def test_overlong_masking_stage_in_a_run(tiny_cfg):
