@@ -463,9 +463,9 @@ def _finish(tokenizer, prompt_ids, prompt_mask, completion, logprobs, eos_ids) -
     mask, truncated = completion_mask_from_ids(completion, eos_ids)
     completion = torch.where(mask.bool(), completion, torch.full_like(completion, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
-    return RolloutOutput(
-        prompt_ids, prompt_mask, completion, mask, logprobs.to(completion.device) * mask, truncated, texts
-    )
+    # where, not a product: past EOS a masking processor (NLPO) may have made the forced pad token's log-prob −inf
+    logprobs = torch.where(mask.bool(), logprobs.to(completion.device), torch.zeros((), device=completion.device))
+    return RolloutOutput(prompt_ids, prompt_mask, completion, mask, logprobs, truncated, texts)
 
 
 def _pad_right(parts: list[torch.Tensor], value) -> torch.Tensor:

@@ -37,6 +37,7 @@ def test_masked_generation_samples_the_mask_and_records_the_renormalised_log_pro
     out = rollout.generate(tiny.model, tiny.tokenizer, prompts, num_generations=2, use_shadow=False)
     m = out.completion_mask.bool()
     assert out.logprobs[m].abs().max() < 1e-5, "one allowed token: probability 1"
+    assert torch.isfinite(out.logprobs).all(), "past EOS the forced pad token may be masked: 0, not −inf·0"
     greedy = HFRollout(max_new_tokens=6, engine="generate").generate(
         tiny.model, tiny.tokenizer, prompts, num_generations=2, greedy=True, use_shadow=False
     )

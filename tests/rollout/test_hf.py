@@ -68,3 +68,15 @@ def test_auto_inference_dtype_copies_the_policy_only_under_autocast(tiny):
     finally:
         with torch.no_grad():
             tiny.model.lm_head.weight.sub_(1.0)
+
+
+def test_finish_zeroes_log_probs_past_eos_even_when_minus_infinity(tiny):
+    """A masking logits processor (NLPO) can make the pad token forced after EOS impossible: its recorded log-prob is
+    −inf, which a product with the mask would turn into NaN."""
+    from rlexp.rollout.hf import _finish
+
+    eos = tiny.tokenizer.eos_token_id
+    completion = torch.tensor([[5, eos, 0, 0], [5, 6, 7, 8]])
+    logprobs = torch.tensor([[-1.0, -2.0, float("-inf"), float("-inf")], [-1.0, -1.0, -1.0, -1.0]])
+    out = _finish(tiny.tokenizer, torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1), completion, logprobs, [eos])
+    assert out.logprobs.tolist() == [[-1.0, -2.0, 0.0, 0.0], [-1.0, -1.0, -1.0, -1.0]]
