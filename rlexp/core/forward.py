@@ -33,6 +33,19 @@ def padded_causal_mask(mask: torch.Tensor) -> torch.Tensor:
     return causal & keys
 
 
+def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """(N, T, V) logits predicting each completion token: one forward of every row (no prompt sharing), only the
+    completion positions through the LM head."""
+    input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return model(
+        input_ids=input_ids,
+        attention_mask=padded_causal_mask(attention),
+        position_ids=positions,
+        logits_to_keep=completion_ids.shape[1] + 1,
+        use_cache=False,
+    ).logits[:, :-1]
+
+
 def token_logprobs(
     model,
     prompt_ids,
@@ -63,7 +76,6 @@ def token_logprobs(
     ``support_logp`` (N, T, S), ``topk_idx`` and ``topk_logp`` (N, T, K); these go through the full-vocabulary
     log-softmax of each piece. ``vocab_mask`` (N, T, V) bool (NLPO's action mask): the log-softmax is taken over the
     allowed tokens only (the others' logits −inf), so log-probs and entropies are those of the renormalised policy."""
-    T = completion_ids.shape[1]
     with torch.autocast(
         prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
     ):
@@ -75,16 +87,7 @@ def token_logprobs(
             if groups is not None:
                 pieces = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, groups)
         if pieces is None:
-            input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-            pieces = [
-                model(
-                    input_ids=input_ids,
-                    attention_mask=padded_causal_mask(attention),
-                    position_ids=positions,
-                    logits_to_keep=T + 1,
-                    use_cache=False,
-                ).logits[:, :-1]
-            ]
+            pieces = [completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)]
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0

@@ -15,7 +15,7 @@ import copy
 import torch
 from transformers import LogitsProcessor
 
-from rlexp.core.forward import padded_causal_mask, sequence_inputs
+from rlexp.core.forward import completion_logits
 from rlexp.core.registry import REGULARISERS
 
 
@@ -55,18 +55,10 @@ class TopPActionMask:
     def vocab_mask(self, prompt_ids, prompt_mask, completion_ids, completion_mask, autocast_dtype=None) -> torch.Tensor:
         """(N, T, V) bool: the allowed tokens at each completion position (the sampled token always allowed, so a
         top-p boundary that rounds differently from generation's never masks it out)."""
-        input_ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        T = completion_ids.shape[1]
         with torch.autocast(
             prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
         ):
-            logits = self.model(
-                input_ids=input_ids,
-                attention_mask=padded_causal_mask(attention),
-                position_ids=positions,
-                logits_to_keep=T + 1,
-                use_cache=False,
-            ).logits[:, :-1]
+            logits = completion_logits(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask)
         mask = top_p_mask(logits, self.top_p)
         return mask.scatter(-1, completion_ids.unsqueeze(-1), True)
 
