@@ -393,6 +393,7 @@ class DecodeLoop:
         micro_group: int = 0,
         row_streams: bool = False,
         budgets: torch.Tensor | None = None,
+        action_mask=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Completions (U·G, T) and their sampling log-probs (U·G, T) for left-padded prompts (U, P);
         rows are prompt-major (the G completions of prompt u are rows u·G … u·G+G−1); tokens after a
@@ -406,6 +407,8 @@ class DecodeLoop:
         row (inverse-CDF sampling on every device), so a row's tokens do not depend on which rows are
         decoded beside it: the same seed gives the same tokens for every ``micro_group``.
         ``budgets``: (U·G,) most tokens per row (a row stops after its budget; SPEC-RL's continuations).
+        ``action_mask`` (NLPO's ``TopPActionMask``): each step's tokens are sampled among its masking model's
+        top-p, which runs beside the policy on its own cache (``MaskStepper``); the log-probs are renormalised.
         ``last_stats`` holds the peak KV-cache megabytes and the number of rounds."""
         device = prompt_ids.device
         G = num_generations
@@ -423,10 +426,10 @@ class DecodeLoop:
         last = last_position(P, device)
 
         if self.graph in CAPTURED:
-            if micro_group or row_streams or budgets is not None:
+            if micro_group or row_streams or budgets is not None or action_mask is not None:
                 raise ValueError(
-                    f"decode graph {self.graph!r} decodes whole groups: micro groups, per-row streams and budgets "
-                    "need the eager loop"
+                    f"decode graph {self.graph!r} decodes whole groups: micro groups, per-row streams, budgets and "
+                    "an action mask need the eager loop"
                 )
             with torch.autocast(device.type, enabled=False):  # the graph computes in the model's dtype
                 return self._run_captured(
@@ -463,6 +466,10 @@ class DecodeLoop:
             else:
                 cache = expanded(prefilled, gg, L)
             peak = max(peak, cache_bytes(cache))
+            stepper = None
+            if action_mask is not None:  # the masking model on this round's rows (prompt-major, as `rows`)
+                stepper = action_mask.stepper()
+                stepper.start(prompt_ids.repeat_interleave(gg, 0), prompt_mask.repeat_interleave(gg, 0))
             rounds.append(
                 (
                     rows,
@@ -480,6 +487,7 @@ class DecodeLoop:
                         compile,
                         None if noise is None else noise[rows],
                         None if budgets is None else budgets[rows],
+                        stepper,
                     ),
                 )
             )
@@ -496,7 +504,21 @@ class DecodeLoop:
         return tokens, logprobs
 
     def _decode(
-        self, step, cache, logits, mask, lengths, P, max_new_tokens, eos, pad_id, sampling, compile, noise, budgets
+        self,
+        step,
+        cache,
+        logits,
+        mask,
+        lengths,
+        P,
+        max_new_tokens,
+        eos,
+        pad_id,
+        sampling,
+        compile,
+        noise,
+        budgets,
+        stepper=None,
     ):
         """The token loop over a prefilled cache of N rows: (N, t) tokens and log-probs, t ≤ ``max_new_tokens``."""
         device = logits.device
@@ -508,6 +530,8 @@ class DecodeLoop:
         check_every = self.stop_check_every if device.type == "cuda" else 1
         t = 0
         while True:
+            if stepper is not None:  # NLPO: only the masking model's top-p tokens
+                logits = stepper.apply(logits)
             tok, lp = pick_tokens(logits, sampling, None if noise is None else noise[:, t : t + 1])
             tok = tok.masked_fill(done, pad_id)
             tokens[:, t] = tok
@@ -518,6 +542,8 @@ class DecodeLoop:
                 done |= budgets <= t
             if t == max_new_tokens or (t % check_every == 0 and bool(done.all())):
                 break
+            if stepper is not None:
+                stepper.advance(tok)
             if compile:
                 torch.compiler.cudagraph_mark_step_begin()
             out = step(

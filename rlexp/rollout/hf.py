@@ -103,7 +103,7 @@ class HFRollout:
         micro_group_size: int = 0,
         speculative_reuse: dict | None = None,
     ):
-        self.action_mask = None  # NLPO's TopPActionMask, set by the trainer (engine=generate only)
+        self.action_mask = None  # NLPO's TopPActionMask, set by the trainer (both engines; not speculative reuse)
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
@@ -276,6 +276,7 @@ class HFRollout:
             sampling,
             micro_group=self.micro_group_size,
             row_streams=self.micro_group_size > 0,
+            action_mask=None if greedy else self.action_mask,  # NLPO: sampling among the masking model's top-p
         )
         model.train(was_training)
         G = num_generations

@@ -134,10 +134,10 @@ class Trainer:
         if algorithm.action_mask is not None:
             from rlexp.algorithms.regularisers.action_mask import TopPActionMask
 
-            if getattr(rollout, "_loop", True) is not None or not hasattr(rollout, "action_mask"):
+            if not hasattr(rollout, "action_mask") or getattr(rollout, "speculative", None) is not None:
                 raise ValueError(
-                    "algorithm.action_mask (NLPO) masks sampling through transformers' generate: set "
-                    "rollout.engine=generate (the hf rollout; +experiment=nlpo does)"
+                    "algorithm.action_mask (NLPO) masks sampling in the hf rollout (rollout=hf, engine loop or "
+                    "generate), without rollout.speculative_reuse"
                 )
             a = algorithm.action_mask
             self.action_mask = TopPActionMask(model, a.top_p, a.sync_every)

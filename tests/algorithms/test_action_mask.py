@@ -25,20 +25,22 @@ def test_top_p_set_by_hand():
     assert top_p_mask(logits, 1e-9).sum() == 1, "at least the most likely token"
 
 
-def test_masked_generation_samples_the_mask_and_records_the_renormalised_log_probs(tiny):
+@pytest.mark.parametrize("engine", ["generate", "loop"])
+def test_masked_generation_samples_the_mask_and_records_the_renormalised_log_probs(tiny, engine):
     """With a top-p that leaves one token (the masking model's argmax), sampling is that token and its recorded
     log-prob is 0; with top-p 0.5 every sampled token is in the masking model's set, and the recorded log-probs
-    equal the training forward's under the same mask."""
+    equal the training forward's under the same mask. Both engines: transformers' generate (a logits processor) and
+    rlexp's decode loop (a stepper beside the policy)."""
     prompts = chat_prompts(tiny.tokenizer)
     mask = TopPActionMask(tiny.model, top_p=1e-6, sync_every=1)
-    rollout = HFRollout(max_new_tokens=6, engine="generate")
+    rollout = HFRollout(max_new_tokens=6, engine=engine)
     rollout.action_mask = mask
     torch.manual_seed(0)
     out = rollout.generate(tiny.model, tiny.tokenizer, prompts, num_generations=2, use_shadow=False)
     m = out.completion_mask.bool()
     assert out.logprobs[m].abs().max() < 1e-5, "one allowed token: probability 1"
     assert torch.isfinite(out.logprobs).all(), "past EOS the forced pad token may be masked: 0, not −inf·0"
-    greedy = HFRollout(max_new_tokens=6, engine="generate").generate(
+    greedy = HFRollout(max_new_tokens=6, engine=engine).generate(
         tiny.model, tiny.tokenizer, prompts, num_generations=2, greedy=True, use_shadow=False
     )
     assert torch.equal(out.completion_ids[m], greedy.completion_ids[m]), "the masking copy's argmax: greedy"
@@ -87,7 +89,7 @@ NLPO_FAST = [*VARYING, "trainer.autocast=off", "trainer.max_new_tokens=6", "trai
 
 def test_nlpo_runs_two_steps_and_keeps_its_masking_model(tiny_cfg, tmp_path):
     m = run(
-        tiny_cfg(*NLPO_FAST, "+experiment=nlpo", "algorithm.action_mask.top_p=0.5", "trainer.checkpoint_every=1")
+        tiny_cfg(*NLPO_FAST, "algorithm=nlpo", "algorithm.action_mask.top_p=0.5", "trainer.checkpoint_every=1")
     ).metrics
     assert m["train/optimizer_steps"] == 2.0 and m["action_mask/synced"] == 0.0
     assert 1 <= m["action_mask/allowed"] < 49152 and math.isfinite(m["loss/total"])
@@ -96,6 +98,6 @@ def test_nlpo_runs_two_steps_and_keeps_its_masking_model(tiny_cfg, tmp_path):
     assert blob["group_stages"][-1] is not None, "the masking model is in the checkpoint"
 
 
-def test_nlpo_on_the_decode_loop_names_the_engine_setting(tiny_cfg):
-    with pytest.raises(ValueError, match="rollout.engine=generate"):
-        run(tiny_cfg(*NLPO_FAST, "algorithm=nlpo"))
+def test_nlpo_with_speculative_reuse_names_the_setting(tiny_cfg):
+    with pytest.raises(ValueError, match="speculative_reuse"):
+        run(tiny_cfg(*NLPO_FAST, "algorithm=nlpo", "rollout.speculative_reuse.enabled=true"))

@@ -16,8 +16,6 @@ from tests.algorithms.varying_reward import VARYING
 
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "algorithm").glob("*.yaml"))
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2"]  # keep ~20 runs cheap
-# the rollout a method's mechanism plugs into, as its +experiment sets it (NLPO's action mask: transformers' generate)
-ROLLOUT = {"nlpo": ["rollout.engine=generate"]}
 
 
 def test_the_library_has_the_methods_of_issue_3():
@@ -48,7 +46,7 @@ def test_the_library_has_the_methods_of_issue_3():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_trains_two_steps(method, tiny_cfg):
-    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}", *ROLLOUT.get(method, [])))
+    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}"))
     m = result.metrics
     assert result.last_step == 2
     assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"])

@@ -63,7 +63,12 @@ class TopPActionMask:
         return mask.scatter(-1, completion_ids.unsqueeze(-1), True)
 
     def processor(self, prompt_mask: torch.Tensor) -> LogitsProcessor:
+        """The mask for transformers' generate (rollout.engine=generate)."""
         return _MaskingProcessor(self.model, self.top_p, prompt_mask)
+
+    def stepper(self) -> MaskStepper:
+        """The mask for rlexp's decode loop (rollout.engine=loop, eager)."""
+        return MaskStepper(self.model, self.top_p)
 
     def state_dict(self):
         return self.model.state_dict()
@@ -107,3 +112,36 @@ class _MaskingProcessor(LogitsProcessor):
         self.cache, self.seen = out.past_key_values, input_ids.shape[1]
         allowed = top_p_mask(out.logits[:, -1], self.top_p)
         return scores.masked_fill(~allowed, float("-inf"))
+
+
+class MaskStepper:
+    """The decode loop's mask: ``start`` prefills the masking model on a round's rows (left-padded prompts),
+    ``apply`` masks the policy's logits to its current top-p set, ``advance`` feeds it the tokens just sampled."""
+
+    def __init__(self, model, top_p: float):
+        self.model, self.top_p = model, top_p
+        self.cache = self.allowed = self.attention = self.lengths = None
+
+    @torch.no_grad()
+    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        self.attention = prompt_mask.clone()
+        self.lengths = prompt_mask.sum(-1)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)
+        self.cache, self.allowed = out.past_key_values, top_p_mask(out.logits[:, -1], self.top_p)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.masked_fill(~self.allowed, float("-inf"))
+
+    @torch.no_grad()
+    def advance(self, tokens: torch.Tensor) -> None:
+        self.attention = torch.cat([self.attention, torch.ones_like(tokens[:, None])], 1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.attention,
+            position_ids=self.lengths[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.lengths = self.lengths + 1
+        self.cache, self.allowed = out.past_key_values, top_p_mask(out.logits[:, -1], self.top_p)
