@@ -319,10 +319,11 @@ class Trainer:
         timings["time/reward_s"] += refill
         if len(batch) == 0:
             raise RuntimeError(f"step {step}: the group stages left no completions to train on")
-        replayed = replayed_rows(batch)  # rows a replay stage (RePO) added from earlier steps
+        replayed = replayed_rows(batch)  # rows a replay stage (RePO, ReMix) added from earlier steps
+        own_rows = None if replayed is None else (~replayed).nonzero().squeeze(-1)  # the step's own rollouts
         if self.consistency is not None:  # measured on the completions of the policy that wrote them
             tc = time.perf_counter()
-            own = batch if replayed is None else batch.select((~replayed).nonzero().squeeze(-1))
+            own = batch if own_rows is None else batch.select(own_rows)
             batch.stats.update(
                 self.consistency.batch_metrics(self.model, self.tok, own, self.prompt_format.answer_format)
             )
@@ -421,8 +422,8 @@ class Trainer:
             train["reincarnation/done"] = float(step >= self.algo.reincarnate_at)
         timings["time/train_s"] = time.perf_counter() - t2
         timings["time/step_s"] = time.perf_counter() - t0
-        # the step's own rollouts: replayed rows (RePO) were scored and counted on the step that sampled them
-        fresh = batch if replayed is None else batch.select((~replayed).nonzero().squeeze(-1))
+        # the step's own rollouts: replayed rows were scored and counted on the step that sampled them
+        fresh = batch if own_rows is None else batch.select(own_rows)
         tokens = float(fresh.completion_mask.sum())
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
