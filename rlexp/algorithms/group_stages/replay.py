@@ -138,6 +138,8 @@ class Replay:
             ages += [step - e["step"] for e in chosen]
             rewards += [e["reward"] for e in chosen]
         self.push(batch, step)
+        if not ages:  # nothing replayed: no mark, so the update takes its plain path
+            batch.extras.pop(REPLAYED)
         out = RolloutBatch.concat(parts) if ages else batch
         out.stats = dict(batch.stats)
         if ages and self.loss_coef != 1.0:
@@ -209,6 +211,8 @@ class MixPolicyReplay:
             parts.append(stored_rows(template, 0, entries, next_id))
             next_id += 1
         self.steps.append((step, [(sub.select([0]), entries) for sub, entries in groups]))
+        if not chosen:  # nothing replayed: no mark, so the update takes its plain path
+            batch.extras.pop(REPLAYED)
         out = RolloutBatch.concat(parts) if chosen else batch
         out.stats = dict(batch.stats)
         ages = [step - s for s, (_, entries) in chosen for _ in entries]

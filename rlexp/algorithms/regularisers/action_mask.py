@@ -79,39 +79,18 @@ class TopPActionMask:
 
 
 class _MaskingProcessor(LogitsProcessor):
-    """Generation's mask: the masking model runs beside the policy, one token a step on its own KV cache; scores
-    outside its top-p become −inf (so a recorder after it records the renormalised log-probs)."""
+    """Generation's mask: a ``MaskStepper`` fed the prompt on the first call and the sampled token on each later
+    one; scores outside its top-p become −inf (so a recorder after it records the renormalised log-probs)."""
 
     def __init__(self, model, top_p: float, prompt_mask: torch.Tensor):
-        self.model, self.top_p = model, top_p
-        self.attention = prompt_mask.clone()
-        self.cache = None
-        self.seen = 0
+        self.stepper, self.prompt_mask = MaskStepper(model, top_p), prompt_mask
 
-    @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.cache is None:
-            positions = (self.attention.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=self.attention,
-                position_ids=positions,
-                use_cache=True,
-            )
+        if self.stepper.cache is None:
+            self.stepper.start(input_ids, self.prompt_mask)
         else:
-            new = input_ids[:, self.seen :]
-            self.attention = torch.cat([self.attention, torch.ones_like(new)], 1)
-            positions = (self.attention.cumsum(-1) - 1)[:, -new.shape[1] :]
-            out = self.model(
-                input_ids=new,
-                attention_mask=self.attention,
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        self.cache, self.seen = out.past_key_values, input_ids.shape[1]
-        allowed = top_p_mask(out.logits[:, -1], self.top_p)
-        return scores.masked_fill(~allowed, float("-inf"))
+            self.stepper.advance(input_ids[:, -1])
+        return self.stepper.apply(scores)
 
 
 class MaskStepper:
