@@ -25,6 +25,7 @@ FORBIDDEN = {
     "tracking": ("rlexp.trainer", "rlexp.commands", "rlexp.runs", "rlexp.cli", "rlexp.bench"),
     "models": (*APPS, "rlexp.algorithms", "rlexp.rewards"),
     "config": (*APPS, "rlexp.algorithms"),
+    "optimizers": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data"),
 }
 
 

@@ -111,9 +111,22 @@ SAMPLERS = Registry(
     ("rlexp.samplers",),
 )
 
+OPTIMIZERS = Registry("optimizer", "torch.optim.Optimizer(params, lr=..., ...)", ("rlexp.optimizers",))
+
 KINDS: dict[str, Registry] = {
     r.kind: r
-    for r in (ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REGULARISERS, GROUP_STAGES, CRITICS, REWARDS, SAMPLERS)
+    for r in (
+        ADVANTAGES,
+        LOSSES,
+        AGGREGATIONS,
+        KL_ESTIMATORS,
+        REGULARISERS,
+        GROUP_STAGES,
+        CRITICS,
+        REWARDS,
+        SAMPLERS,
+        OPTIMIZERS,
+    )
 }
 
 

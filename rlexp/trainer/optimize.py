@@ -272,6 +272,8 @@ def policy_update(
                 optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
             optimizer.step()
+            for k, v in getattr(optimizer, "last_metrics", {}).items():  # an optimiser's own (SPAM's clipped spikes)
+                sums[k] += v / n_steps
             if scheduler is not None:
                 scheduler.step()
             sums["grad_norm"] += gn / n_steps
