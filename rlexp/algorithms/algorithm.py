@@ -109,6 +109,9 @@ class Algorithm:
     reincarnate_at: int | None = None
     # NLPO: sampling and log-probs restricted to a masking policy's top-p tokens (ActionMaskSettings); null: none
     action_mask: Any = None
+    # an entropy bonus with a coefficient controller (rlexp.algorithms.regularisers.entropy.EntropyBonus: AEnt's
+    # clamped entropy and band control, TRL's adaptive target); null: none (``entropy_coef`` is the plain bonus)
+    entropy_bonus: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -120,6 +123,14 @@ class Algorithm:
         self.group_stages = list(self.group_stages or [])
         if self.action_mask is not None and not isinstance(self.action_mask, ActionMaskSettings):
             self.action_mask = ActionMaskSettings(**dict(self.action_mask))
+        if self.entropy_bonus is not None:
+            if not callable(getattr(self.entropy_bonus, "update", None)):
+                raise ValueError(
+                    "algorithm.entropy_bonus must be a rlexp.algorithms.regularisers.entropy.EntropyBonus, got "
+                    f"{type(self.entropy_bonus).__name__}"
+                )
+            if self.entropy_coef:
+                raise ValueError("algorithm.entropy_coef and algorithm.entropy_bonus are two entropy bonuses: set one")
         if self.family and self.family not in FAMILIES:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:
@@ -201,6 +212,22 @@ class Algorithm:
         return int(getattr(self.loss, "support_k", 0) or 0)
 
     @property
+    def entropy_clamp(self) -> float:
+        """p > 0: the entropy bonus is AEnt's clamped entropy, computed by the forward beside the log-probs."""
+        return float(self.entropy_bonus.clamp) if self.entropy_bonus is not None else 0.0
+
+    @property
+    def entropy_grad(self) -> bool:
+        """The loss differentiates the token entropies (a full-vocabulary entropy bonus)."""
+        return bool(self.entropy_coef) or (self.entropy_bonus is not None and not self.entropy_clamp)
+
+    def after_update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Parts that adapt to the step's update (the entropy bonus's coefficient); their metrics."""
+        if self.entropy_bonus is None:
+            return {}
+        return self.entropy_bonus.update(step, metrics.get("entropy_bonus/entropy", float("nan")))
+
+    @property
     def loss_needs_reference(self) -> bool:
         """The policy loss itself reads the reference log-probs (CoPG's β·log π/π_ref inside its loss)."""
         return bool(getattr(self.loss, "needs_reference", False))
@@ -265,11 +292,13 @@ class Algorithm:
         selected: torch.Tensor | None = None,
         extras: dict[str, torch.Tensor] | None = None,
         support_logp: torch.Tensor | None = None,
+        clamped_entropy: torch.Tensor | None = None,
     ) -> LossOutput:
         """Per-token loss of one micro-batch (before aggregation) and its per-token statistics. ``selected``: this
         micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``). ``extras``:
         this micro-batch's rows of the ``batch.extras`` fields the loss reads (``loss_batch_extras``). A loss with
-        an ``entropy`` parameter gets the token entropies."""
+        an ``entropy`` parameter gets the token entropies. ``clamped_entropy``: AEnt's entropy (with gradient) for the
+        entropy bonus when its clamp is > 0."""
         kwargs: dict = {} if selected is None else {"selected": selected}
         for key in self.loss_batch_extras:
             if extras is None or key not in extras:
@@ -304,6 +333,14 @@ class Algorithm:
             if entropy is None:
                 raise ValueError("algorithm.entropy_coef needs token entropies")
             per_token = per_token - self.entropy_coef * entropy
+        if self.entropy_bonus is not None:
+            h = clamped_entropy if self.entropy_clamp else entropy
+            if h is None:
+                raise ValueError("algorithm.entropy_bonus needs the token entropies of the forward")
+            stats["entropy_bonus/entropy"] = h.detach()
+            coef = self.entropy_bonus.coefficient()
+            if coef:
+                per_token = per_token - coef * h
         return LossOutput(per_token, stats)
 
 

@@ -61,6 +61,7 @@ def token_logprobs(
     support: torch.Tensor | None = None,
     topk: int = 0,
     vocab_mask: torch.Tensor | None = None,
+    entropy_clamp: float = 0.0,
 ):
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
@@ -75,7 +76,9 @@ def token_logprobs(
     ids (with gradient) and/or the top-K ids and log-probs of each position come back as a third value, a dict with
     ``support_logp`` (N, T, S), ``topk_idx`` and ``topk_logp`` (N, T, K); these go through the full-vocabulary
     log-softmax of each piece. ``vocab_mask`` (N, T, V) bool (NLPO's action mask): the log-softmax is taken over the
-    allowed tokens only (the others' logits −inf), so log-probs and entropies are those of the renormalised policy."""
+    allowed tokens only (the others' logits −inf), so log-probs and entropies are those of the renormalised policy.
+    ``entropy_clamp`` p > 0 (AEnt's entropy bonus): the third value also holds ``clamped_entropy`` (N, T), with
+    gradient, the entropy renormalised on each position's top (1 − p) share of the vocabulary (``clamped_entropy``)."""
     with torch.autocast(
         prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
     ):
@@ -91,9 +94,9 @@ def token_logprobs(
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
-    sparse = support is not None or topk > 0
+    sparse = support is not None or topk > 0 or entropy_clamp > 0  # a third value comes back
     full = sparse or vocab_mask is not None
-    extra: dict[str, list] = {"support_logp": [], "topk_idx": [], "topk_logp": []}
+    extra: dict[str, list] = {"support_logp": [], "topk_idx": [], "topk_logp": [], "clamped_entropy": []}
     for logits in pieces:
         tokens = completion_ids[:, start : start + logits.shape[1]]
         if full:  # the full-vocabulary log-softmax (of the allowed tokens), gathered where asked
@@ -109,6 +112,8 @@ def token_logprobs(
                 ent = ent if entropy_grad else ent.detach()
             if support is not None:
                 extra["support_logp"].append(logp_all.gather(-1, support[:, start : start + logits.shape[1]]))
+            if entropy_clamp > 0:
+                extra["clamped_entropy"].append(clamped_entropy(scaled, entropy_clamp))
             if topk > 0:
                 values, ids = logp_all.detach().topk(min(topk, logp_all.shape[-1]), -1)
                 extra["topk_idx"].append(ids)
@@ -132,6 +137,25 @@ def token_logprobs(
     if not sparse:
         return logp, entropy
     return logp, entropy, {k: torch.cat(v, 1) for k, v in extra.items() if v}
+
+
+def clamped_entropy(scaled_logits: torch.Tensor, clamp: float) -> torch.Tensor:
+    """(…) entropy of the policy renormalised on each position's top (1 − p) share of the vocabulary (AEnt, "On
+    Entropy Control in LLM-RL Algorithms", 2025; arXiv 2509.03493): the ⌊p·|V|⌋ tokens with the lowest logits are
+    dropped, the rest renormalised, H̃ = −Σ π̃ log π̃ — differentiable through π̃, the dropped set chosen without
+    gradient. ``scaled_logits``: (…, V) logits already divided by the temperature. p = 0: the plain entropy."""
+    if not 0.0 <= clamp < 1.0:
+        raise ValueError(f"entropy clamp p={clamp} must be in [0, 1)")
+    x = scaled_logits.float()
+    k = int(x.shape[-1] * clamp)
+    if k == 0:
+        logp = torch.log_softmax(x, -1)
+        return -(logp.exp() * logp).sum(-1)
+    with torch.no_grad():
+        keep = x > torch.kthvalue(x, k, dim=-1, keepdim=True).values  # above the k-th lowest logit
+    logp = torch.log_softmax(x.masked_fill(~keep, float("-inf")), -1)
+    logp = torch.where(keep, logp, torch.zeros_like(logp))  # 0·(−inf) would make the gradient NaN
+    return -(logp.exp() * keep * logp).sum(-1)
 
 
 class _SelectedLogprobs(torch.autograd.Function):

@@ -409,6 +409,7 @@ class Trainer:
                 stale=timings.get("async/version_lag", 0.0) > 0,
                 action_mask=self.action_mask,
             )
+        train.update(self.algo.after_update(step, train))  # the entropy bonus's coefficient controller
         if self.algo.slow_fast.fast_steps > 0:
             train.setdefault("sfpo/active", 0.0)
             self.slow_fast.observe(train.get("entropy/mean", float("nan")), step)
@@ -451,8 +452,10 @@ class Trainer:
     @property
     def stateful_parts(self) -> list:
         """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
-        masking policy."""
-        return [*self.algo.group_stages, *([self.action_mask] if self.action_mask is not None else [])]
+        masking policy, then the entropy bonus's coefficient."""
+        masking = [self.action_mask] if self.action_mask is not None else []
+        bonus = [self.algo.entropy_bonus] if self.algo.entropy_bonus is not None else []
+        return [*self.algo.group_stages, *masking, *bonus]
 
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:

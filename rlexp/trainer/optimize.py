@@ -200,14 +200,16 @@ def policy_update(
                     temperature,
                     with_entropy=want_entropy,
                     autocast_dtype=autocast_dtype,
-                    entropy_grad=bool(algo.entropy_coef),
+                    entropy_grad=algo.entropy_grad,
                     share_prompts=share_prompts and mb.prompt_groups is not None,
                     prompt_groups=mb.prompt_groups,
                     support=support,
                     vocab_mask=vmask,
+                    entropy_clamp=algo.entropy_clamp,
                 )
                 logp, entropy = res[0], res[1]
                 support_logp = res[2]["support_logp"] if support is not None else None
+                clamped = res[2]["clamped_entropy"] if algo.entropy_clamp else None
                 old_lp = part_old[dev_idx, :end]
                 replayed = part.extras.get(REPLAYED)
                 replayed = replayed[dev_idx].bool()[:, None] if replayed is not None else None
@@ -227,7 +229,7 @@ def policy_update(
                         for k in algo.loss_batch_extras
                         if (v := part.extras.get(k)) is not None
                     }
-                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp)
+                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp, clamped)
                 per_token = out.per_token
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]

@@ -71,6 +71,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["troll/support"] > 1 and m["troll/kl_projected"] <= 0.05 + 1e-6
     if method == "nlpo":  # the masking policy allows a subset of the vocabulary (tests/algorithms/test_action_mask.py)
         assert 1 <= m["action_mask/allowed"] < 49152
+    if method == "aent":  # the clamped entropy measured and the band controller's coefficient logged
+        assert m["entropy_bonus/entropy"] > 0 and m["entropy_bonus/coef"] > 0
     if method in ("repo", "remix"):  # replay fires once prompts recur (tests/algorithms/test_replay.py)
         assert "replay/rows" in m
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from rlexp.core.forward import clamped_entropy  # noqa: F401  (AEnt's entropy, computed in the forward)
 from rlexp.core.registry import REGULARISERS
 
 
@@ -28,3 +29,74 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: f
         return valid
     threshold = torch.quantile(entropy.detach()[valid].float(), 1.0 - top_quantile)
     return (entropy.detach() >= threshold) & valid
+
+
+CONTROLS = ("fixed", "band", "target")
+
+
+@REGULARISERS.register
+class EntropyBonus:
+    """An entropy bonus −c·H per token with a coefficient controller (``algorithm.entropy_bonus``).
+
+    ``clamp`` p > 0: H is AEnt's clamped entropy (``clamped_entropy``), else the full-vocabulary entropy. The
+    coefficient c moves once per training step, from that step's token-mean H̄ of the bonus's entropy:
+
+    * ``fixed``: never (a plain bonus of weight ``coef``).
+    * ``band`` (AEnt, arXiv 2509.03493; the AReaL port's ``recipe/AEnt``): after ``warmup_steps`` steps,
+      c ← clip(c − lr·[min(0, H̄ − low) + max(0, H̄ − high)], coef_min, coef_max): c grows while H̄ is under the
+      band, shrinks while above it, stays inside it.
+    * ``target`` (TRL's ``use_adaptive_entropy``, Skywork-OR1's controller): c ← min(c + lr, coef_max) when
+      H̄ ≤ ``target``, else max(c − lr, coef_min); the bonus acts only while the last measured H̄ ≤ target.
+    """
+
+    def __init__(
+        self,
+        coef: float = 0.001,
+        clamp: float = 0.0,
+        control: str = "fixed",
+        low: float = 0.1,
+        high: float = 0.5,
+        target: float = 0.2,
+        lr: float = 0.001,
+        coef_min: float = 0.0,
+        coef_max: float = 1.0,
+        warmup_steps: int = 0,
+    ):
+        if control not in CONTROLS:
+            raise ValueError(f"algorithm.entropy_bonus.control={control!r} is not one of {list(CONTROLS)}")
+        if not 0.0 <= clamp < 1.0:
+            raise ValueError(f"algorithm.entropy_bonus.clamp={clamp} must be in [0, 1)")
+        if not 0.0 <= coef_min <= coef_max:
+            raise ValueError(f"algorithm.entropy_bonus: need 0 <= coef_min ({coef_min}) <= coef_max ({coef_max})")
+        if control == "band" and low > high:
+            raise ValueError(f"algorithm.entropy_bonus: the band's low ({low}) is above its high ({high})")
+        if lr < 0 or warmup_steps < 0:
+            raise ValueError(f"algorithm.entropy_bonus: lr ({lr}) and warmup_steps ({warmup_steps}) must be >= 0")
+        self.coef, self.clamp, self.control = float(coef), float(clamp), control
+        self.low, self.high, self.target, self.lr = float(low), float(high), float(target), float(lr)
+        self.coef_min, self.coef_max, self.warmup_steps = float(coef_min), float(coef_max), int(warmup_steps)
+        self.active = True  # target control: whether the last measured entropy was at or below the target
+
+    def coefficient(self) -> float:
+        """The coefficient the loss uses now."""
+        return self.coef if self.active else 0.0
+
+    def update(self, step: int, mean_entropy: float) -> dict[str, float]:
+        """Move the coefficient after training step ``step`` whose bonus entropy averaged ``mean_entropy``."""
+        used = self.coefficient()
+        if self.control == "band" and step > self.warmup_steps:
+            grad = min(0.0, mean_entropy - self.low) + max(0.0, mean_entropy - self.high)
+            self.coef = min(max(self.coef - self.lr * grad, self.coef_min), self.coef_max)
+        elif self.control == "target":
+            below = mean_entropy <= self.target
+            step_c = self.lr if below else -self.lr
+            self.coef = min(max(self.coef + step_c, self.coef_min), self.coef_max)
+            self.active = below
+        return {"entropy_bonus/coef": used, "entropy_bonus/next_coef": self.coefficient()}
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "active": self.active}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:  # None: a checkpoint from before the bonus kept state — the configured start
+            self.coef, self.active = float(state["coef"]), bool(state["active"])
