@@ -212,6 +212,12 @@ class Algorithm:
         return int(getattr(self.loss, "support_k", 0) or 0)
 
     @property
+    def advantage_needs_entropy(self) -> bool:
+        """The estimator weights rewards by the old policy's token entropies (GTPO, GRPO-S): marked
+        ``token_entropy = True``; the trainer puts them in ``batch.extras["token_entropy"]``."""
+        return bool(getattr(_function(self.advantage), "token_entropy", False))
+
+    @property
     def entropy_clamp(self) -> float:
         """p > 0: the entropy bonus is AEnt's clamped entropy, computed by the forward beside the log-probs."""
         return float(self.entropy_bonus.clamp) if self.entropy_bonus is not None else 0.0

@@ -27,6 +27,9 @@ PRECEDENT = "precedent_logprobs"
 SUPPORT_IDX = "support_idx"
 SUPPORT_OLD = "support_old_logprobs"
 SUPPORT_TOKEN = "support_token_pos"
+# (N, T) token entropies of the policy the step's update starts from (no gradient), at the rollout temperature; set by
+# the trainer for an advantage estimator marked ``token_entropy = True`` (GTPO, GRPO-S)
+TOKEN_ENTROPY = "token_entropy"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

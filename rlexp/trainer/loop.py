@@ -19,7 +19,16 @@ from rlexp.algorithms.regularisers.kl import kl_estimate
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import IS_WEIGHTS, KL_PENALTY, PRECEDENT, SUPPORT_IDX, SUPPORT_OLD, SUPPORT_TOKEN, replayed_rows
+from rlexp.core.masks import (
+    IS_WEIGHTS,
+    KL_PENALTY,
+    PRECEDENT,
+    SUPPORT_IDX,
+    SUPPORT_OLD,
+    SUPPORT_TOKEN,
+    TOKEN_ENTROPY,
+    replayed_rows,
+)
 from rlexp.data.prompts import PromptFormat
 from rlexp.data.sources import DatasetSplits
 from rlexp.models.attention import use_cpu_matmul_grad_attention
@@ -355,7 +364,24 @@ class Trainer:
         # after a policy reincarnation (ReMix) the update is on-policy: the old log-probs are the current ones
         on_policy_now = reincarnated and self.ahead is None and self.correction is None
         support_k = self.algo.loss_support_k  # TROLL: the old policy's top-K beside its log-probs
-        if (self.recompute_old_logprobs and not on_policy_now) or support_k:
+        # GTPO, GRPO-S: the token entropies of the weights this update starts from, in the old log-probs' forward
+        entropy = torch.zeros_like(batch.sampling_logprobs) if self.algo.advantage_needs_entropy else None
+        if entropy is not None:
+            batch.extras[TOKEN_ENTROPY] = entropy
+        recompute = (self.recompute_old_logprobs and not on_policy_now) or support_k
+        if entropy is not None and not recompute:
+            batch_logprobs(
+                self.train_model,
+                batch,
+                self.s.micro_batch_size,
+                self.rollout.temperature,
+                self.autocast_dtype,
+                self.share_prompts,
+                self.s.micro_batch_tokens,
+                action_mask=self.action_mask,
+                entropy_out=entropy,
+            )
+        if recompute:
             old = batch_logprobs(
                 self.train_model,
                 batch,
@@ -366,6 +392,7 @@ class Trainer:
                 self.s.micro_batch_tokens,
                 topk=support_k,
                 action_mask=self.action_mask,
+                entropy_out=entropy,
             )
             if support_k:
                 from rlexp.algorithms.losses.trust_region import sparse_support

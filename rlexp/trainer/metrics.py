@@ -32,7 +32,12 @@ def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, f
         m["groups/all_wrong_frac"] = float((gmean[firsts] <= 1e-8).float().mean())
     if batch.advantages is not None:
         a = batch.advantages.float()
-        a = a if a.dim() == 1 else (a * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1).clamp(min=1)
+        if a.dim() == 2:  # per-token advantages: their spread within a completion (0 for a sequence advantage)
+            cm = batch.completion_mask.float()
+            n = cm.sum(-1).clamp(min=1)
+            row_mean = (a * cm).sum(-1) / n
+            m["advantage/within_row_std"] = float(((((a - row_mean[:, None]) ** 2) * cm).sum(-1) / n).sqrt().mean())
+            a = row_mean
         m["advantage/mean"], m["advantage/std"] = float(a.mean()), float(a.std()) if len(a) > 1 else 0.0
         m["advantage/abs_mean"] = float(a.abs().mean())
     lengths = batch.lengths.float()

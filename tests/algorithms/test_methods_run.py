@@ -44,9 +44,14 @@ def test_the_library_has_the_methods_of_issue_3():
     assert wanted <= set(METHODS), wanted - set(METHODS)
 
 
+# methods that split completions into correct and wrong: the vowel share (~0.4 here) counts as correct from 0.4
+SPLIT = ["algorithm.advantage.positive_min=0.4", "trainer.num_generations=4"]
+SPLIT_AT = {"gtpo": SPLIT, "grpo_s": SPLIT}
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_trains_two_steps(method, tiny_cfg):
-    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}"))
+    result = run(tiny_cfg(*VARYING, *FAST, f"algorithm={method}", *SPLIT_AT.get(method, [])))
     m = result.metrics
     assert result.last_step == 2
     assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"])
@@ -73,6 +78,10 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert 1 <= m["action_mask/allowed"] < 49152
     if method == "aent":  # the clamped entropy measured and the band controller's coefficient logged
         assert m["entropy_bonus/entropy"] > 0 and m["entropy_bonus/coef"] > 0
+    if method == "gtpo":  # per-token credit inside a completion
+        assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
+    if method == "grpo_s":
+        assert m["grpo_s/shaping_abs"] > 0
     if method in ("repo", "remix"):  # replay fires once prompts recur (tests/algorithms/test_replay.py)
         assert "replay/rows" in m
 

@@ -17,6 +17,7 @@ from rlexp.core.registry import (
     GROUP_STAGES,
     KL_ESTIMATORS,
     LOSSES,
+    REGULARISERS,
     REWARDS,
     SAMPLERS,
     Registry,
@@ -47,6 +48,7 @@ def _kind_of(key: str) -> Registry | None:
         "loss": LOSSES,
         "group_stages": GROUP_STAGES,
         "critic": CRITICS,
+        "entropy_bonus": REGULARISERS,
         "terms": REWARDS,
     }.get(head)
 
@@ -56,7 +58,13 @@ ALGORITHMS = sorted(CONF.glob("algorithm/*.yaml"))
 
 @pytest.mark.parametrize("path", ALGORITHMS, ids=lambda p: p.stem)
 def test_every_part_a_method_names_is_registered(path):
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # a method may extend another (defaults)
+        composed = compose(config_name="config", overrides=[f"algorithm={path.stem}"]).algorithm
+    cfg = OmegaConf.to_container(composed, resolve=False)
     assert cfg["_target_"] == "rlexp.algorithms.algorithm.Algorithm"
     parts = [(k, t) for k, t in _targets(cfg) if k]
     assert parts, "a method names at least an advantage and a loss"

@@ -1,0 +1,143 @@
+"""Entropy-weighted rewards: GTPO (per token) and GRPO-S (per sequence) — "GTPO and GRPO-S: Token and Sequence-Level
+Reward Shaping with Policy Entropy" (Tan, Pan et al., 2025; arXiv 2508.04349), "Dynamic Entropy Weighting".
+
+Within each group, O⁺ are the completions whose ``metric`` reaches ``positive_min`` (the correct ones), O⁻ the rest;
+H_{i,t} is the sampling-time (old) policy's entropy at token t of completion i (``batch.extras["token_entropy"]``, no
+gradient). ε = 1e-8 in every denominator (the paper's Remark 2.1).
+
+GTPO, per position t over the group's completions still running at t (d_t of them in O⁺, h_t in O⁻):
+    r̃⁺_{i,t} = α₁·r_i + α₂ · H_{i,t} / Σ_{k∈O⁺} H_{k,t} · d_t
+    r̃⁻_{j,t} = −α₁ − α₂ · H_{j,t}⁻¹ / Σ_{k∈O⁻} H_{k,t}⁻¹ · h_t
+so at each position the correct completions' shaped rewards sum to α₁·Σr + α₂·d_t (the paper's conservation), the
+high-entropy tokens of correct completions get more, the confident tokens of wrong ones are punished more. The
+advantages normalise the shaped token rewards (``normalise``): ``split`` — O⁺ tokens and O⁻ tokens of the group
+apart, (r̃ − mean)/std over each set (Eq. 6 as two independent reproductions read it); ``joint`` — all the group's
+tokens together (our alternative; ``split`` centres each set on 0, so the signal left is the entropy contrast within
+correct and within wrong completions).
+
+GRPO-S, per completion with Ĥ_i its mean token entropy (n = |O⁺|, m = |O⁻| of the group):
+    r̂⁺_i = β₁·r_i + β₂ · Ĥ_i / Σ_{k∈O⁺} Ĥ_k · n,    r̂⁻_j = −β₁ − β₂ · Ĥ_j⁻¹ / Σ_{k∈O⁻} Ĥ_k⁻¹ · m
+then GRPO's group normalisation of r̂.
+
+A group without both outcomes gets advantage 0 (our choice, as GRPO gives a group of equal rewards).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import TOKEN_ENTROPY
+from rlexp.core.registry import ADVANTAGES
+from rlexp.core.stats import group_index, group_stats
+
+EPS = 1e-8
+NORMALISE = ("split", "joint")
+
+
+def _outcome(batch: RolloutBatch, metric: str | None, positive_min: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) rewards r_i and (N,) bool: the row is in O⁺."""
+    if metric in (None, "reward"):
+        values = batch.reward
+    elif metric in batch.reward_names:
+        values = batch.term(metric)
+    else:
+        raise KeyError(f"algorithm.advantage.metric={metric!r} is not a reward term (terms: {batch.reward_names})")
+    return batch.reward.float(), values.float() >= positive_min
+
+
+def _token_entropy(batch: RolloutBatch) -> torch.Tensor:
+    h = batch.extras.get(TOKEN_ENTROPY)
+    if h is None:
+        raise ValueError(
+            "an entropy-weighted advantage needs batch.extras['token_entropy'] (the trainer computes it for an "
+            "advantage marked token_entropy = True)"
+        )
+    return h.float()
+
+
+def _both_outcomes(positive: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
+    """(N,) bool: the row's group holds correct and wrong completions."""
+    pos = torch.zeros(k, device=positive.device).index_add_(0, inv, positive.float())
+    size = torch.zeros(k, device=positive.device).index_add_(0, inv, torch.ones_like(positive, dtype=torch.float))
+    return ((pos > 0) & (pos < size))[inv]
+
+
+def _share(weight: torch.Tensor, members: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
+    """weight / Σ weight · count over the row's group members at each position (``members``: (N, T) or (N,) 0/1)."""
+    w = weight * members
+    total = torch.zeros((k, *w.shape[1:]), device=w.device, dtype=w.dtype).index_add_(0, inv, w)
+    count = torch.zeros_like(total).index_add_(0, inv, members.to(w.dtype))
+    return w / (total[inv] + EPS) * count[inv]
+
+
+def _set_normalise(values: torch.Tensor, members: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
+    """(values − mean) / (std + ε) over each group's ``members`` tokens (population std), 0 elsewhere."""
+    m = members.float()
+    flat = lambda x: torch.zeros(k, device=x.device, dtype=x.dtype).index_add_(0, inv, x.sum(-1))  # noqa: E731
+    n = flat(m).clamp(min=1)
+    mean = flat(values * m) / n
+    var = flat(((values - mean[inv][:, None]) ** 2) * m) / n
+    return (values - mean[inv][:, None]) / (var.sqrt()[inv][:, None] + EPS) * m
+
+
+@ADVANTAGES.register
+def gtpo(
+    batch: RolloutBatch,
+    alpha1: float = 1.0,
+    alpha2: float = 0.1,
+    metric: str | None = None,
+    positive_min: float = 1.0,
+    normalise: str = "split",
+) -> torch.Tensor:
+    """(N, T) GTPO token advantages from entropy-weighted token rewards (see the module doc)."""
+    if normalise not in NORMALISE:
+        raise ValueError(f"algorithm.advantage.normalise={normalise!r} is not one of {list(NORMALISE)}")
+    reward, positive = _outcome(batch, metric, positive_min)
+    h = _token_entropy(batch)
+    mask = batch.completion_mask.float()
+    inv, k = group_index(batch.group_ids)
+    pos_tok = mask * positive[:, None]
+    neg_tok = mask * (~positive)[:, None]
+    shaped_pos = alpha1 * reward[:, None] + alpha2 * _share(h, pos_tok, inv, k)
+    shaped_neg = -alpha1 - alpha2 * _share(1.0 / (h + EPS), neg_tok, inv, k)
+    shaped = torch.where(positive[:, None], shaped_pos, shaped_neg) * mask
+    if normalise == "split":
+        adv = _set_normalise(shaped, pos_tok, inv, k) + _set_normalise(shaped, neg_tok, inv, k)
+    else:
+        adv = _set_normalise(shaped, mask, inv, k)
+    base = torch.where(positive, alpha1 * reward, torch.full_like(reward, -alpha1))[:, None]
+    batch.stats["gtpo/shaping_abs"] = float(((shaped - base).abs() * mask).sum() / mask.sum().clamp(min=1))
+    return adv * _both_outcomes(positive, inv, k)[:, None]
+
+
+gtpo.token_entropy = True  # reads batch.extras["token_entropy"] (Algorithm.advantage_needs_entropy)
+
+
+@ADVANTAGES.register
+def grpo_s(
+    batch: RolloutBatch,
+    beta1: float = 1.0,
+    beta2: float = 0.1,
+    metric: str | None = None,
+    positive_min: float = 1.0,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """(N,) GRPO-S advantages: GRPO's group normalisation of the entropy-weighted sequence rewards."""
+    reward, positive = _outcome(batch, metric, positive_min)
+    mask = batch.completion_mask.float()
+    h_seq = (_token_entropy(batch) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    inv, k = group_index(batch.group_ids)
+    pos, neg = positive.float(), (~positive).float()
+    shaped = torch.where(
+        positive,
+        beta1 * reward + beta2 * _share(h_seq, pos, inv, k),
+        -beta1 - beta2 * _share(1.0 / (h_seq + EPS), neg, inv, k),
+    )
+    mean, std, _ = group_stats(shaped, batch.group_ids)
+    base = torch.where(positive, beta1 * reward, torch.full_like(reward, -beta1))
+    batch.stats["grpo_s/shaping_abs"] = float((shaped - base).abs().mean())
+    return (shaped - mean) / (std + eps) * _both_outcomes(positive, inv, k)
+
+
+grpo_s.token_entropy = True
