@@ -109,9 +109,10 @@ class Algorithm:
     reincarnate_at: int | None = None
     # NLPO: sampling and log-probs restricted to a masking policy's top-p tokens (ActionMaskSettings); null: none
     action_mask: Any = None
-    # an entropy bonus with a coefficient controller (rlexp.algorithms.regularisers.entropy.EntropyBonus: AEnt's
-    # clamped entropy and band control, TRL's adaptive target); null: none (``entropy_coef`` is the plain bonus)
-    entropy_bonus: Any = None
+    # an entropy term beside the policy loss (rlexp.algorithms.regularisers.entropy): EntropyBonus (AEnt's clamped
+    # entropy and band control, TRL's adaptive target) or EntropyBand (SPINE); null: none (``entropy_coef`` is the
+    # plain bonus)
+    entropy_control: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -123,14 +124,14 @@ class Algorithm:
         self.group_stages = list(self.group_stages or [])
         if self.action_mask is not None and not isinstance(self.action_mask, ActionMaskSettings):
             self.action_mask = ActionMaskSettings(**dict(self.action_mask))
-        if self.entropy_bonus is not None:
-            if not callable(getattr(self.entropy_bonus, "update", None)):
+        if self.entropy_control is not None:
+            if not callable(getattr(self.entropy_control, "token_term", None)):
                 raise ValueError(
-                    "algorithm.entropy_bonus must be a rlexp.algorithms.regularisers.entropy.EntropyBonus, got "
-                    f"{type(self.entropy_bonus).__name__}"
+                    "algorithm.entropy_control must be a part of rlexp.algorithms.regularisers.entropy (EntropyBonus, "
+                    f"EntropyBand), got {type(self.entropy_control).__name__}"
                 )
             if self.entropy_coef:
-                raise ValueError("algorithm.entropy_coef and algorithm.entropy_bonus are two entropy bonuses: set one")
+                raise ValueError("algorithm.entropy_coef and algorithm.entropy_control are two entropy terms: set one")
         if self.family and self.family not in FAMILIES:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:
@@ -220,18 +221,18 @@ class Algorithm:
     @property
     def entropy_clamp(self) -> float:
         """p > 0: the entropy bonus is AEnt's clamped entropy, computed by the forward beside the log-probs."""
-        return float(self.entropy_bonus.clamp) if self.entropy_bonus is not None else 0.0
+        return float(self.entropy_control.clamp) if self.entropy_control is not None else 0.0
 
     @property
     def entropy_grad(self) -> bool:
         """The loss differentiates the token entropies (a full-vocabulary entropy bonus)."""
-        return bool(self.entropy_coef) or (self.entropy_bonus is not None and not self.entropy_clamp)
+        return bool(self.entropy_coef) or (self.entropy_control is not None and not self.entropy_clamp)
 
     def after_update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Parts that adapt to the step's update (the entropy bonus's coefficient); their metrics."""
-        if self.entropy_bonus is None:
+        if self.entropy_control is None:
             return {}
-        return self.entropy_bonus.update(step, metrics.get("entropy_bonus/entropy", float("nan")))
+        return self.entropy_control.update(step, metrics)
 
     @property
     def loss_needs_reference(self) -> bool:
@@ -321,6 +322,7 @@ class Algorithm:
             kwargs["entropy"] = entropy.detach()
         out = self.loss(logp, old_logp, advantages, mask, **kwargs)
         per_token, stats = out.per_token, dict(out.token_stats)
+        keep = None
         if self.top_entropy_quantile < 1.0:
             if entropy is None:
                 raise ValueError("algorithm.top_entropy_quantile < 1 needs token entropies")
@@ -339,14 +341,13 @@ class Algorithm:
             if entropy is None:
                 raise ValueError("algorithm.entropy_coef needs token entropies")
             per_token = per_token - self.entropy_coef * entropy
-        if self.entropy_bonus is not None:
+        if self.entropy_control is not None:
             h = clamped_entropy if self.entropy_clamp else entropy
             if h is None:
-                raise ValueError("algorithm.entropy_bonus needs the token entropies of the forward")
-            stats["entropy_bonus/entropy"] = h.detach()
-            coef = self.entropy_bonus.coefficient()
-            if coef:
-                per_token = per_token - coef * h
+                raise ValueError("algorithm.entropy_control needs the token entropies of the forward")
+            term, term_stats = self.entropy_control.token_term(h, mask, keep)
+            per_token = per_token + term
+            stats.update(term_stats)
         return LossOutput(per_token, stats)
 
 

@@ -481,7 +481,7 @@ class Trainer:
         """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
         masking policy, then the entropy bonus's coefficient."""
         masking = [self.action_mask] if self.action_mask is not None else []
-        bonus = [self.algo.entropy_bonus] if self.algo.entropy_bonus is not None else []
+        bonus = [self.algo.entropy_control] if self.algo.entropy_control is not None else []
         return [*self.algo.group_stages, *masking, *bonus]
 
     # ---- the loop -----------------------------------------------------------------------------

@@ -78,6 +78,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert 1 <= m["action_mask/allowed"] < 49152
     if method == "aent":  # the clamped entropy measured and the band controller's coefficient logged
         assert m["entropy_bonus/entropy"] > 0 and m["entropy_bonus/coef"] > 0
+    if method == "spine":  # the band acts on the forking tokens
+        assert m["entropy/selected_frac"] < 0.5 and m["entropy_band/above"] > 0
     if method == "gtpo":  # per-token credit inside a completion
         assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
     if method == "grpo_s":

@@ -48,7 +48,7 @@ def _kind_of(key: str) -> Registry | None:
         "loss": LOSSES,
         "group_stages": GROUP_STAGES,
         "critic": CRITICS,
-        "entropy_bonus": REGULARISERS,
+        "entropy_control": REGULARISERS,
         "terms": REWARDS,
     }.get(head)
 

@@ -36,7 +36,7 @@ CONTROLS = ("fixed", "band", "target")
 
 @REGULARISERS.register
 class EntropyBonus:
-    """An entropy bonus −c·H per token with a coefficient controller (``algorithm.entropy_bonus``).
+    """An entropy bonus −c·H per token with a coefficient controller (``algorithm.entropy_control``).
 
     ``clamp`` p > 0: H is AEnt's clamped entropy (``clamped_entropy``), else the full-vocabulary entropy. The
     coefficient c moves once per training step, from that step's token-mean H̄ of the bonus's entropy:
@@ -63,15 +63,15 @@ class EntropyBonus:
         warmup_steps: int = 0,
     ):
         if control not in CONTROLS:
-            raise ValueError(f"algorithm.entropy_bonus.control={control!r} is not one of {list(CONTROLS)}")
+            raise ValueError(f"algorithm.entropy_control.control={control!r} is not one of {list(CONTROLS)}")
         if not 0.0 <= clamp < 1.0:
-            raise ValueError(f"algorithm.entropy_bonus.clamp={clamp} must be in [0, 1)")
+            raise ValueError(f"algorithm.entropy_control.clamp={clamp} must be in [0, 1)")
         if not 0.0 <= coef_min <= coef_max:
-            raise ValueError(f"algorithm.entropy_bonus: need 0 <= coef_min ({coef_min}) <= coef_max ({coef_max})")
+            raise ValueError(f"algorithm.entropy_control: need 0 <= coef_min ({coef_min}) <= coef_max ({coef_max})")
         if control == "band" and low > high:
-            raise ValueError(f"algorithm.entropy_bonus: the band's low ({low}) is above its high ({high})")
+            raise ValueError(f"algorithm.entropy_control: the band's low ({low}) is above its high ({high})")
         if lr < 0 or warmup_steps < 0:
-            raise ValueError(f"algorithm.entropy_bonus: lr ({lr}) and warmup_steps ({warmup_steps}) must be >= 0")
+            raise ValueError(f"algorithm.entropy_control: lr ({lr}) and warmup_steps ({warmup_steps}) must be >= 0")
         self.coef, self.clamp, self.control = float(coef), float(clamp), control
         self.low, self.high, self.target, self.lr = float(low), float(high), float(target), float(lr)
         self.coef_min, self.coef_max, self.warmup_steps = float(coef_min), float(coef_max), int(warmup_steps)
@@ -81,8 +81,15 @@ class EntropyBonus:
         """The coefficient the loss uses now."""
         return self.coef if self.active else 0.0
 
-    def update(self, step: int, mean_entropy: float) -> dict[str, float]:
-        """Move the coefficient after training step ``step`` whose bonus entropy averaged ``mean_entropy``."""
+    def token_term(self, entropy: torch.Tensor, mask: torch.Tensor, selected: torch.Tensor | None = None):
+        """(N, T) −c·H to add to the per-token loss, and its per-token statistics."""
+        stats = {"entropy_bonus/entropy": entropy.detach()}
+        coef = self.coefficient()
+        return (-coef * entropy if coef else torch.zeros_like(entropy)), stats
+
+    def update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Move the coefficient after training step ``step`` from its token-mean bonus entropy H̄."""
+        mean_entropy = metrics.get("entropy_bonus/entropy", float("nan"))
         used = self.coefficient()
         if self.control == "band" and step > self.warmup_steps:
             grad = min(0.0, mean_entropy - self.low) + max(0.0, mean_entropy - self.high)
@@ -100,3 +107,42 @@ class EntropyBonus:
     def load_state_dict(self, state: dict | None) -> None:
         if state is not None:  # None: a checkpoint from before the bonus kept state — the configured start
             self.coef, self.active = float(state["coef"]), bool(state["active"])
+
+
+@REGULARISERS.register
+class EntropyBand:
+    """SPINE's entropy band on the forking tokens ("SPINE: Token-Selective Test-Time Reinforcement Learning with
+    Entropy-Band Regularization", 2025; arXiv 2511.17938): for each completion, over its forking tokens (those the
+    high-entropy selection keeps, ``algorithm.top_entropy_quantile``), the band is [q_low, q_high], the ``low`` and
+    ``high`` quantiles of their entropies (no gradient); each forking token adds
+    λ·(max(0, H − q_high) + max(0, q_low − H)) to its loss — entropy pushed up under the band, down above it.
+    Without a selection every valid token counts as forking. Differentiable through H (full-vocabulary entropy)."""
+
+    clamp = 0.0
+
+    def __init__(self, coef: float = 0.01, low: float = 0.1, high: float = 0.5):
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"algorithm.entropy_control: need 0 <= low ({low}) <= high ({high}) <= 1 (quantiles)")
+        if coef < 0:
+            raise ValueError(f"algorithm.entropy_control.coef={coef} must be >= 0")
+        self.coef, self.low, self.high = float(coef), float(low), float(high)
+
+    def token_term(self, entropy: torch.Tensor, mask: torch.Tensor, selected: torch.Tensor | None = None):
+        forking = mask.bool() if selected is None else selected.bool() & mask.bool()
+        h = entropy.float()
+        masked = h.detach().masked_fill(~forking, float("nan"))
+        q = torch.nanquantile(masked, torch.tensor([self.low, self.high], device=h.device), dim=-1)  # (2, N)
+        q_low, q_high = q[0].nan_to_num(0.0)[:, None], q[1].nan_to_num(0.0)[:, None]
+        above, below = torch.relu(h - q_high), torch.relu(q_low - h)
+        f = forking.float()
+        stats = {"entropy_band/above": (above.detach() > 0).float() * f, "entropy_band/below": (below.detach() > 0) * f}
+        return self.coef * (above + below) * f, stats
+
+    def update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
