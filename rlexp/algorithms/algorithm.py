@@ -113,6 +113,9 @@ class Algorithm:
     # entropy and band control, TRL's adaptive target) or EntropyBand (SPINE); null: none (``entropy_coef`` is the
     # plain bonus)
     entropy_control: Any = None
+    # K prompt variants per group, G/K completions each (rlexp.algorithms.prompt_conditions: HBPO's budgets, e1's
+    # efforts); the value each row was prompted with is batch.extras["condition"]; null: one prompt per group
+    prompt_condition: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):

@@ -30,6 +30,8 @@ SUPPORT_TOKEN = "support_token_pos"
 # (N, T) token entropies of the policy the step's update starts from (no gradient), at the rollout temperature; set by
 # the trainer for an advantage estimator marked ``token_entropy = True`` (GTPO, GRPO-S)
 TOKEN_ENTROPY = "token_entropy"
+# (N,) float: the prompt condition each row was sampled under (HBPO's token budget, e1's effort), set by the trainer
+CONDITION = "condition"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -103,6 +103,11 @@ REGULARISERS = Registry("regulariser", "token-level terms and models beside the 
 GROUP_STAGES = Registry(
     "group_stage", "stage(batch, ctx) -> batch (filter, refill, reshape rewards)", (f"{_ALG}.group_stages",)
 )
+PROMPT_CONDITIONS = Registry(
+    "prompt_condition",
+    "condition with values(G) -> K values and render(prompt, value) -> prompt (G/K completions each)",
+    (f"{_ALG}.prompt_conditions",),
+)
 CRITICS = Registry("critic", "critic with stage(batch, ctx) and update(batch, ...) -> metrics", (f"{_ALG}.critics",))
 REWARDS = Registry("reward", "RewardTerm: term(samples) -> TermResult (one score per sample)", ("rlexp.rewards",))
 SAMPLERS = Registry(
@@ -126,6 +131,7 @@ KINDS: dict[str, Registry] = {
         REWARDS,
         SAMPLERS,
         OPTIMIZERS,
+        PROMPT_CONDITIONS,
     )
 }
 

@@ -20,6 +20,7 @@ from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import (
+    CONDITION,
     IS_WEIGHTS,
     KL_PENALTY,
     PRECEDENT,
@@ -213,6 +214,10 @@ class Trainer:
             self.correction = RolloutCorrection(settings.rollout_correction, settings.rollout_correction_threshold)
             self.recompute_old_logprobs = True
         self.ahead = None  # one-step-off-policy rollouts (trainer.async_rollout): the rollout in flight
+        if algorithm.prompt_condition is not None:  # HBPO's budgets, e1's efforts: K prompt variants, G/K each
+            algorithm.prompt_condition.values(self.num_generations)  # refused here when K does not divide G
+            if settings.async_rollout:
+                raise ValueError("algorithm.prompt_condition is not available with trainer.async_rollout")
         if settings.async_rollout:
             from rlexp.trainer.async_rollout import AsyncRollout
 
@@ -249,13 +254,30 @@ class Trainer:
         ):
             # SPEC-RL's speculative reuse (rollout.speculative_reuse) drafts from the prompts' earlier rollouts
             reuse = {"reuse": True} if getattr(self.rollout, "speculative", None) is not None else {}
-            out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
+            cond = self.algo.prompt_condition
+            if cond is None:
+                out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
+            else:  # each group's K prompt variants (HBPO's budgets, e1's efforts), G/K completions each
+                values = cond.values(G)
+                variants = [cond.render(p, v) for p in prompts for v in values]
+                out = self.rollout.generate(self.model, self.tok, variants, num_generations=G // len(values), **reuse)
         return self.scored_batch(records, prompts, out)
+
+    def _row_conditions(self, prompts: list[str]) -> tuple[list[str], torch.Tensor | None]:
+        """Each row's prompt text and, under a prompt condition, its (N,) condition value."""
+        G, cond = self.num_generations, self.algo.prompt_condition
+        if cond is None:
+            return [p for p in prompts for _ in range(G)], None
+        values = cond.values(G)
+        each = G // len(values)
+        rows = [(cond.render(p, v), v) for p in prompts for v in values for _ in range(each)]
+        return [r[0] for r in rows], torch.tensor([r[1] for r in rows], dtype=torch.float32)
 
     def scored_batch(self, records: list[dict], prompts: list[str], out) -> RolloutBatch:
         """The batch of a rollout's output (group ids numbered on from the step's last), scored."""
         G = self.num_generations
         n = len(records)
+        row_prompts, conditions = self._row_conditions(prompts)
         groups = torch.arange(
             self._next_group, self._next_group + n, device=out.completion_ids.device
         ).repeat_interleave(G)
@@ -268,10 +290,12 @@ class Trainer:
             sampling_logprobs=out.logprobs,
             truncated=out.truncated.to(groups.device),
             group_ids=groups,
-            prompts=[p for p in prompts for _ in range(G)],
+            prompts=row_prompts,
             completions=out.texts,
             records=[r for r in records for _ in range(G)],
         )
+        if conditions is not None:
+            batch.extras[CONDITION] = conditions.to(groups.device)
         batch.stats.update(getattr(out, "stats", None) or {})
         t = time.perf_counter()
         with record_function("rlexp.score"):

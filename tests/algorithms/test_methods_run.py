@@ -46,7 +46,11 @@ def test_the_library_has_the_methods_of_issue_3():
 
 # methods that split completions into correct and wrong: the vowel share (~0.4 here) counts as correct from 0.4
 SPLIT = ["algorithm.advantage.positive_min=0.4", "trainer.num_generations=4"]
-SPLIT_AT = {"gtpo": SPLIT, "grpo_s": SPLIT}
+SPLIT_AT = {
+    "gtpo": SPLIT,
+    "grpo_s": SPLIT,
+    "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
+}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -80,6 +84,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["entropy_bonus/entropy"] > 0 and m["entropy_bonus/coef"] > 0
     if method == "spine":  # the band acts on the forking tokens
         assert m["entropy/selected_frac"] < 0.5 and m["entropy_band/above"] > 0
+    if method == "hbpo":  # budget subgroups and their reward
+        assert "hbpo/reward_mean" in m and 0.0 <= m["hbpo/within_budget_frac"] <= 1.0
     if method == "gtpo":  # per-token credit inside a completion
         assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
     if method == "grpo_s":

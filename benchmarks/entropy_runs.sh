@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Entropy methods on SmolLM2 (issue 21, acceptance 3a): GRPO, AEnt, GTPO and SPINE from the same seed, 18 steps on the
+# default task, held-out accuracy at steps 0, 9 and 18; entropy and accuracy curves compared with `rlexp compare`.
+# Two arms at a time, one thread each; runs go to results/entropy/smollm2/runs/.
+#   bash benchmarks/entropy_runs.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEST=${DEST:-results/entropy/smollm2/runs}
+COMMON=(trainer.max_steps=18 trainer.eval_every=9 trainer.num_threads=1 trainer.checkpoint_every=0 tracker=none)
+mkdir -p "$DEST"
+arm() {  # name, overrides...
+  local name=$1
+  shift
+  .venv/bin/rlexp train "$@" "${COMMON[@]}" run_name="$name" hydra.run.dir="$DEST/$name" > "$DEST/$name.log" 2>&1
+  echo "$name rc=$? load: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$DEST/done.txt"
+}
+arm grpo algorithm=grpo &
+arm aent algorithm=aent &
+wait
+arm gtpo algorithm=gtpo &
+arm spine algorithm=spine &
+wait

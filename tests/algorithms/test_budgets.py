@@ -1,0 +1,61 @@
+"""HBPO's budget subgroups and budget-aware reward (arXiv 2507.15844) and e1's effort prompts, by hand."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from rlexp.algorithms.advantages.budget import budget_reward, hbpo
+from rlexp.algorithms.prompt_conditions.budgets import BudgetPrefill, EffortPrompt
+from rlexp.core.masks import CONDITION
+from tests.algorithms.batches import make_batch
+
+
+def test_budget_reward_at_its_boundaries():
+    f2 = lambda b: 4 * math.cos(math.pi * b / 200)  # noqa: E731  (L_max = 100, β = 4)
+    correct = torch.tensor([True, True, True, False])
+    lengths = torch.tensor([10, 20, 30, 10])
+    budgets = torch.tensor([20.0, 20.0, 20.0, 20.0])
+    r = budget_reward(correct, lengths, budgets, l_max=100, beta=4.0, alpha=0.01)
+    assert r[0].item() == pytest.approx(f2(20))  # inside the budget: the budget's reward, whatever the length
+    assert r[1].item() == pytest.approx(f2(20))  # n = b: still inside
+    assert r[2].item() == pytest.approx(4 * math.cos(math.pi * 30 / 200) - 0.01 * 10)  # past it: cosine − α·overshoot
+    assert r[3].item() == 0.0  # wrong
+
+
+def test_hbpo_advantage_inter_plus_intra():
+    b = make_batch(None, [0, 0, 0, 0], lengths=[10, 5, 50, 30], width=50, terms=[[1.0], [0.0], [1.0], [1.0]])
+    b.reward_names = ["accuracy"]
+    b.extras[CONDITION] = torch.tensor([20.0, 20.0, 40.0, 40.0])
+    adv = hbpo(b, l_max=100, beta=4.0, alpha=0.01, eps=0.0)
+    f2 = lambda x: 4 * math.cos(math.pi * x / 200)  # noqa: E731
+    r = [f2(20), 0.0, 4 * math.cos(math.pi * 50 / 200) - 0.1, f2(40)]
+    mean, std = statistics.mean(r), statistics.stdev(r)
+    intra = [statistics.mean(r[:2]) - f2(20)] * 2 + [statistics.mean(r[2:]) - f2(40)] * 2
+    for i in range(4):
+        assert adv[i].item() == pytest.approx((r[i] - mean) / std + intra[i], rel=1e-5)
+    assert b.stats["hbpo/within_budget_frac"] == 0.75
+
+
+def test_hbpo_needs_budgets_and_the_accuracy_term():
+    b = make_batch([1.0, 0.0], [0, 0])
+    with pytest.raises(ValueError, match="prompt_condition"):
+        hbpo(b, l_max=10)
+    b.extras[CONDITION] = torch.tensor([1.0, 2.0])
+    with pytest.raises(KeyError, match="metric"):
+        hbpo(b, l_max=10)
+
+
+def test_budget_prefill_renders_scaled_budgets_and_checks_the_group_size():
+    cond = BudgetPrefill(values=[0.125, 0.25, 0.5, 0.625], scale=128)
+    assert cond.values(8) == [16, 32, 64, 80]
+    assert cond.render("<prompt>", 64) == "<prompt><think> I will answer the question with 64 tokens"
+    with pytest.raises(ValueError, match="num_generations=6"):
+        cond.values(6)
+    with pytest.raises(ValueError, match="positive"):
+        BudgetPrefill(values=[0, 1])
+    effort = EffortPrompt(values=[0.5, 1.0], template=" effort {value}")
+    assert effort.render("p", 0.5) == "p effort 0.5" and effort.render("p", 1.0) == "p effort 1"
