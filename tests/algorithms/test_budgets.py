@@ -59,3 +59,27 @@ def test_budget_prefill_renders_scaled_budgets_and_checks_the_group_size():
         BudgetPrefill(values=[0, 1])
     effort = EffortPrompt(values=[0.5, 1.0], template=" effort {value}")
     assert effort.render("p", 0.5) == "p effort 0.5" and effort.render("p", 1.0) == "p effort 1"
+
+
+def test_e1_effort_reward_against_the_group_average():
+    from rlexp.algorithms.group_stages.effort import EffortReward
+
+    b = make_batch(None, [0, 0, 0, 0], lengths=[2, 6, 4, 8], width=8, terms=[[1.0], [1.0], [1.0], [0.0]])
+    b.reward_names = ["accuracy"]
+    b.extras[CONDITION] = torch.tensor([0.5, 0.5, 1.0, 1.0])
+    EffortReward()(b)
+    # T_avg = 5: targets 2.5, 2.5, 5, 5; row 1 (correct, 6 > 2.5) loses its reward, row 3 was wrong anyway;
+    # row 0 (2 <= 2.5) and row 2 (4 <= 5) keep it
+    assert b.reward_names == ["accuracy", "effort_penalty"]
+    assert b.term("effort_penalty").tolist() == [0.0, -1.0, 0.0, 0.0]
+    assert b.reward.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert b.stats["e1/within_effort_frac"] == 0.5 and b.stats["e1/penalised_frac"] == 0.25
+    edge = make_batch(None, [0, 0], lengths=[2, 2], terms=[[1.0], [1.0]])
+    edge.reward_names = ["accuracy"]
+    edge.extras[CONDITION] = torch.tensor([1.0, 1.0])
+    EffortReward()(edge)  # ℓ = r·T_avg exactly: within
+    assert edge.reward.tolist() == [1.0, 1.0]
+    plain = make_batch(None, [0], terms=[[1.0]])
+    plain.reward_names = ["accuracy"]
+    with pytest.raises(ValueError, match="EffortPrompt"):
+        EffortReward()(plain)

@@ -50,6 +50,7 @@ SPLIT_AT = {
     "gtpo": SPLIT,
     "grpo_s": SPLIT,
     "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
+    "e1_effort": ["algorithm.group_stages.0.correct_min=0.4", "trainer.num_generations=4"],
 }
 
 
@@ -86,6 +87,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["entropy/selected_frac"] < 0.5 and m["entropy_band/above"] > 0
     if method == "hbpo":  # budget subgroups and their reward
         assert "hbpo/reward_mean" in m and 0.0 <= m["hbpo/within_budget_frac"] <= 1.0
+    if method == "e1_effort":  # effort targets relative to the group's mean length
+        assert m["e1/target_length_mean"] > 0 and 0.0 <= m["e1/within_effort_frac"] <= 1.0
     if method == "gtpo":  # per-token credit inside a completion
         assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
     if method == "grpo_s":
