@@ -10,8 +10,6 @@ over all its efforts (the current policy's average: as the policy shortens, so d
 
 from __future__ import annotations
 
-import torch
-
 from rlexp.algorithms.group_stages.base import append_reward_column
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import CONDITION
