@@ -74,3 +74,58 @@ class LengthPenalty(RewardTerm):
         groups = torch.tensor([s.group for s in samples])
         scores = kimi_length_reward(lengths, correct, groups)
         return TermResult(scores.tolist(), list(acc.failures))
+
+
+def cosine_length_reward(
+    lengths: torch.Tensor,
+    correct: torch.Tensor,
+    max_len: int,
+    min_value_wrong: float = -1.0,
+    max_value_wrong: float = -0.5,
+    min_value_correct: float = 0.5,
+    max_value_correct: float = 1.0,
+) -> torch.Tensor:
+    """(N,) cosine length scaling ("Demystifying Long Chain-of-Thought Reasoning in LLMs", Yeo et al., 2025, App.
+    C.1; TRL's ``get_cosine_scaled_reward``): v_min + ½(v_max − v_min)(1 + cos(π·|y| / L_max)); a correct completion
+    goes from ``max_value_correct`` at length 0 to ``min_value_correct`` at L_max, a wrong one from
+    ``min_value_wrong`` (short: punished most) to ``max_value_wrong``. Lengths past L_max count as L_max."""
+    progress = lengths.float().clamp(max=max_len) / max_len
+    cosine = torch.cos(progress * torch.pi)
+    lo = torch.where(correct, torch.tensor(min_value_correct), torch.tensor(max_value_wrong))
+    hi = torch.where(correct, torch.tensor(max_value_correct), torch.tensor(min_value_wrong))
+    return lo + 0.5 * (hi - lo) * (1.0 + cosine)
+
+
+@REWARDS.register
+class CosineLength(RewardTerm):
+    """Cosine-scaled correctness by length as a reward term (``cosine_length_reward``): correctness from the same
+    checker as ``Accuracy``, the length in completion tokens, ``max_len`` the generation limit L_max. It replaces the
+    accuracy term (it is a correctness reward): use it alone or with a format term. A sample whose check raised
+    scores as wrong and is flagged as a failure."""
+
+    def __init__(
+        self,
+        max_len: int,
+        weight: float = 1.0,
+        answer_format: str = "hash",
+        fallback_last_number: bool = True,
+        min_value_wrong: float = -1.0,
+        max_value_wrong: float = -0.5,
+        min_value_correct: float = 0.5,
+        max_value_correct: float = 1.0,
+    ):
+        super().__init__(weight)
+        if max_len < 1:
+            raise ValueError(f"reward term CosineLength.max_len={max_len} must be >= 1")
+        self.accuracy = Accuracy(1.0, answer_format, fallback_last_number)
+        self.max_len = int(max_len)
+        self.values = (min_value_wrong, max_value_wrong, min_value_correct, max_value_correct)
+
+    def __call__(self, samples: list[Sample]) -> TermResult:
+        if not samples:
+            return TermResult([], [])
+        acc = self.accuracy(samples)
+        correct = torch.tensor([s >= 1.0 and not f for s, f in zip(acc.scores, acc.failures)])
+        lengths = torch.tensor([s.num_tokens for s in samples], dtype=torch.float32)
+        scores = cosine_length_reward(lengths, correct, self.max_len, *self.values)
+        return TermResult(scores.tolist(), list(acc.failures))

@@ -138,3 +138,50 @@ class Format(RewardTerm):
         if self.answer_format == "boxed":
             return float(extract_answer(text, "boxed") is not None)
         raise ValueError(f"reward format answer_format={self.answer_format!r} is not one of hash, tag, boxed")
+
+
+ABSTAIN_PATTERNS = (
+    r"\bi (?:do not|don't) know\b",
+    r"\bi am not sure\b",
+    r"\bi'm not sure\b",
+    r"\bcannot (?:be )?(?:determined|answer(?:ed)?)\b",
+    r"\bunable to (?:answer|determine)\b",
+)
+
+
+@REWARDS.register
+class Truthfulness(RewardTerm):
+    """TruthRL's ternary reward ("TruthRL: Incentivizing Truthful LLMs via Reinforcement Learning", 2025): +1 for a
+    correct answer, 0 for an abstention, −1 for a wrong one (a hallucination). An abstention is a completion whose
+    stated answer (or, without one, whose text) matches one of ``abstain_patterns`` (case-insensitive regular
+    expressions: "I don't know" and the like). Correctness as ``Accuracy``."""
+
+    def __init__(
+        self,
+        weight: float = 1.0,
+        answer_format: str = "hash",
+        fallback_last_number: bool = False,
+        abstain_patterns: tuple[str, ...] | list[str] = ABSTAIN_PATTERNS,
+        correct: float = 1.0,
+        abstain: float = 0.0,
+        wrong: float = -1.0,
+    ):
+        super().__init__(weight)
+        self.answer_format, self.fallback = answer_format, fallback_last_number
+        try:
+            self.abstain_re = [re.compile(p, re.I) for p in abstain_patterns]
+        except re.error as e:
+            raise ValueError(f"reward term Truthfulness.abstain_patterns: {e}") from e
+        self.values = (float(correct), float(abstain), float(wrong))
+
+    def abstains(self, completion: str) -> bool:
+        stated = extract_answer(completion, self.answer_format, fallback_last_number=False)
+        text = stated if stated is not None else completion
+        return any(p.search(text) for p in self.abstain_re)
+
+    def score(self, sample: Sample) -> float:
+        correct, abstain, wrong = self.values
+        if self.abstains(sample.completion):
+            return abstain
+        ans = extract_answer(sample.completion, self.answer_format, fallback_last_number=self.fallback)
+        return correct if check_answer(ans, sample.record) >= 1.0 else wrong

@@ -83,3 +83,39 @@ def test_reward_config_length_penalty_composes(tiny_cfg):
     assert isinstance(lp, LengthPenalty) and lp.weight == 1.0 and lp.correct_min == 1.0
     assert lp.accuracy.answer_format == cfg.prompt.answer_format
     assert not math.isnan(lp([_sample("#### 1", "1", 0, 3)]).scores[0])
+
+
+def test_cosine_length_reward_at_its_boundary_lengths():
+    from rlexp.rewards.length import cosine_length_reward
+
+    lengths = torch.tensor([0, 50, 100, 150, 0, 50, 100])
+    correct = torch.tensor([True, True, True, True, False, False, False])
+    r = cosine_length_reward(lengths, correct, max_len=100)
+    # correct: 1.0 at 0, 0.75 half-way, 0.5 at L_max and beyond; wrong: −1.0 at 0, −0.75, −0.5 at L_max
+    assert r.tolist() == pytest.approx([1.0, 0.75, 0.5, 0.5, -1.0, -0.75, -0.5])
+
+
+def test_cosine_length_matches_trl_get_cosine_scaled_reward():
+    """Peer parity: TRL's function on \\boxed answers (math-verify) against ours on the same correctness and lengths."""
+    trl_rewards = pytest.importorskip("trl.rewards")
+    pytest.importorskip("math_verify")
+    from rlexp.rewards.length import cosine_length_reward
+
+    fn = trl_rewards.get_cosine_scaled_reward(max_len=64, min_value_wrong=-0.9, max_value_correct=0.8)
+    completions = [[{"content": r"\boxed{4}"}], [{"content": r"\boxed{5}"}], [{"content": r"\boxed{4}"}]]
+    ids = [[1] * 10, [1] * 40, [1] * 64]
+    theirs = fn(completions, solution=["$4$", "$4$", "$4$"], completion_ids=ids)
+    ours = cosine_length_reward(
+        torch.tensor([10, 40, 64]), torch.tensor([True, False, True]), 64, min_value_wrong=-0.9, max_value_correct=0.8
+    )
+    assert ours.tolist() == pytest.approx(theirs, abs=1e-6)
+
+
+def test_cosine_length_term_scores_with_our_checker():
+    from rlexp.rewards.length import CosineLength
+
+    term = CosineLength(max_len=20, answer_format="hash", fallback_last_number=False)
+    res = term([_sample("a\n#### 4", "4", 0, 10), _sample("b\n#### 5", "4", 0, 20)])
+    assert res.scores == pytest.approx([0.75, -0.5])
+    with pytest.raises(ValueError, match="max_len"):
+        CosineLength(max_len=0)
