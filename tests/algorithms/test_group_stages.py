@@ -273,3 +273,34 @@ def test_remax_config_samples_one_completion_per_prompt(tiny_cfg, tmp_path):
     )
     shared = shared.metrics
     assert shared["batch/completions"] == 8.0  # the previous default: G = 4 samples share one greedy baseline
+
+
+def test_lagrangian_multiplier_update_and_reward_column():
+    """Constrained RLHF (arXiv 2310.04373): μ ← max(0, μ + η·violation); the step's reward uses the μ before it."""
+    from rlexp.algorithms.group_stages.lagrangian import LagrangianWeights
+    from tests.algorithms.batches import make_batch as make
+
+    stage = LagrangianWeights([{"term": "t1", "threshold": 0.5, "direction": "max", "init": 1.0}], lr=0.5)
+    b = make(None, [0, 0], terms=[[1.0, 1.0], [0.0, 0.6]])  # t1 mean 0.8: over its 0.5 ceiling by 0.3
+    stage(b)
+    assert b.reward_names[-1] == "lagrange/t1"
+    assert b.term("lagrange/t1").tolist() == pytest.approx([-1.0, -0.6])
+    assert b.reward.tolist() == pytest.approx([2.0 - 1.0, 0.6 - 0.6])  # μ = 1 in use
+    assert stage.multipliers["t1"] == pytest.approx(1.0 + 0.5 * 0.3)
+    assert b.stats["lagrange/t1/violation"] == pytest.approx(0.3)
+    # a min constraint that holds: its multiplier shrinks, and is never negative
+    low = LagrangianWeights([{"term": "t0", "threshold": 0.2, "direction": "min", "init": 0.1}], lr=1.0)
+    b = make(None, [0, 0], terms=[[1.0, 0.0], [1.0, 0.0]])  # t0 mean 1.0 >= 0.2: slack 0.8
+    low(b)
+    assert b.reward.tolist() == pytest.approx([1.1, 1.1]) and low.multipliers["t0"] == 0.0
+    # at the threshold exactly: no move
+    edge = LagrangianWeights([{"term": "t0", "threshold": 1.0, "direction": "min", "init": 0.3}], lr=1.0)
+    edge(make(None, [0, 0], terms=[[1.0, 0.0], [1.0, 0.0]]))
+    assert edge.multipliers["t0"] == pytest.approx(0.3)
+    again = LagrangianWeights([{"term": "t1", "threshold": 0.5}])
+    again.load_state_dict(stage.state_dict())
+    assert again.multipliers == stage.multipliers
+    with pytest.raises(ValueError, match="direction"):
+        LagrangianWeights([{"term": "t1", "threshold": 0.5, "direction": "up"}])
+    with pytest.raises(KeyError, match="not a reward term"):
+        LagrangianWeights([{"term": "nope", "threshold": 0.5}])(make([1.0, 0.0], [0, 0]))

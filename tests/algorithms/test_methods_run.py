@@ -51,6 +51,8 @@ SPLIT_AT = {
     "grpo_s": SPLIT,
     "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
     "e1_effort": ["algorithm.group_stages.0.correct_min=0.4", "trainer.num_generations=4"],
+    # the test reward has no format term: constrain its one term instead
+    "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
 
 
@@ -89,6 +91,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert "hbpo/reward_mean" in m and 0.0 <= m["hbpo/within_budget_frac"] <= 1.0
     if method == "e1_effort":  # effort targets relative to the group's mean length
         assert m["e1/target_length_mean"] > 0 and 0.0 <= m["e1/within_effort_frac"] <= 1.0
+    if method == "constrained_rlhf":  # the violated constraint's multiplier grows from 0 after step 1
+        assert m["lagrange/accuracy/violation"] > 0 and m["lagrange/accuracy/multiplier"] > 0
     if method == "gtpo":  # per-token credit inside a completion
         assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
     if method == "grpo_s":
