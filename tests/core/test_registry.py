@@ -17,6 +17,7 @@ from rlexp.core.registry import (
     GROUP_STAGES,
     KL_ESTIMATORS,
     LOSSES,
+    PROMPT_CONDITIONS,
     REGULARISERS,
     REWARDS,
     SAMPLERS,
@@ -49,6 +50,7 @@ def _kind_of(key: str) -> Registry | None:
         "group_stages": GROUP_STAGES,
         "critic": CRITICS,
         "entropy_control": REGULARISERS,
+        "prompt_condition": PROMPT_CONDITIONS,
         "terms": REWARDS,
     }.get(head)
 
