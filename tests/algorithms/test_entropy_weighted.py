@@ -84,3 +84,23 @@ def test_positive_split_on_a_named_term():
     assert adv[0] > 0 > adv[1]
     with pytest.raises(KeyError, match="metric"):
         grpo_s(b, metric="nope")
+
+
+def test_egsw_softmax_weights_by_hand():
+    from rlexp.algorithms.advantages.entropy_weighted import egsw
+
+    b = make_batch([1.0, 0.0], [0, 0], lengths=[2, 1])
+    b.extras[TOKEN_ENTROPY] = torch.tensor([[0.5, 1.5], [0.0, 9.0]])  # mean entropies 1.0 and 0.0
+    a = 1 / math.sqrt(2)  # GRPO: (1 − 0.5) / std([1, 0]) with Bessel
+    w0 = 1 / (1 + math.exp(-(2 * a + 0.5)))  # softmax of (a + 0.5·1, −a + 0.5·0)
+    seq = egsw(b, alpha=0.5, temperature=1.0, level="sequence", eps=0.0)
+    assert seq.tolist() == pytest.approx([a * 2 * w0, -a * 2 * (1 - w0)], rel=1e-5)
+    tok = egsw(b, alpha=0.5, temperature=1.0, level="token", eps=0.0)
+    # position 0: entropies 0.5 and 0.0; position 1: row 0 alone (weight 1)
+    w = 1 / (1 + math.exp(-(2 * a + 0.25)))
+    assert tok[0, 0].item() == pytest.approx(a * 2 * w, rel=1e-5)
+    assert tok[1, 0].item() == pytest.approx(-a * 2 * (1 - w), rel=1e-5)
+    assert tok[0, 1].item() == pytest.approx(a, rel=1e-5) and tok[1, 1].item() == 0.0
+    # a very high temperature flattens the weights: GRPO's advantage
+    flat = egsw(b, alpha=0.5, temperature=1e9, eps=0.0)
+    assert flat.tolist() == pytest.approx([a, -a], rel=1e-5)

@@ -93,6 +93,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["e1/target_length_mean"] > 0 and 0.0 <= m["e1/within_effort_frac"] <= 1.0
     if method == "constrained_rlhf":  # the violated constraint's multiplier grows from 0 after step 1
         assert m["lagrange/accuracy/violation"] > 0 and m["lagrange/accuracy/multiplier"] > 0
+    if method == "egsw":  # the softmax weights leave 1
+        assert m["egsw/weight_max"] > 1.0
     if method == "gtpo":  # per-token credit inside a completion
         assert m["advantage/within_row_std"] > 0 and m["gtpo/shaping_abs"] > 0
     if method == "grpo_s":

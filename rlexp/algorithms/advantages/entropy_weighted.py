@@ -141,3 +141,53 @@ def grpo_s(
 
 
 grpo_s.token_entropy = True
+
+
+LEVELS = ("sequence", "token")
+
+
+@ADVANTAGES.register
+def egsw(
+    batch: RolloutBatch,
+    alpha: float = 0.5,
+    temperature: float = 1.0,
+    level: str = "sequence",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """EGSW ("Entropy-guided sequence weighting for efficient exploration in RL-based LLM fine-tuning", Vanlioglu,
+    2025; arXiv 2503.22456): GRPO's advantage A_i reweighted by w = softmax over the group of (A + α·H) / P — the
+    high-reward, high-uncertainty completions weigh most. ``level=sequence`` (trajectory-wise): H the completion's mean
+    token entropy, one weight per completion; ``level=token`` (step-wise): H_{i,t} per token, the softmax over the
+    group's completions still running at t. The weights are scaled by the number of completions they are spread over
+    (our choice), so uniform weights give GRPO's advantage back. Entropies: the old policy's (no gradient)."""
+    if level not in LEVELS:
+        raise ValueError(f"algorithm.advantage.level={level!r} is not one of {list(LEVELS)}")
+    if temperature <= 0:
+        raise ValueError(f"algorithm.advantage.temperature={temperature} must be > 0")
+    mean, std, _ = group_stats(batch.reward, batch.group_ids)
+    adv = (batch.reward.float() - mean) / (std + eps)
+    mask = batch.completion_mask.float()
+    h = _token_entropy(batch) * mask
+    inv, k = group_index(batch.group_ids)
+    if level == "sequence":
+        score = (adv + alpha * h.sum(-1) / mask.sum(-1).clamp(min=1)) / temperature
+        top = torch.full((k,), float("-inf"), device=score.device).scatter_reduce(0, inv, score, "amax")
+        e = torch.exp(score - top[inv])
+        total = torch.zeros(k, device=e.device).index_add_(0, inv, e)
+        count = torch.zeros(k, device=e.device).index_add_(0, inv, torch.ones_like(e))
+        w = e / total[inv] * count[inv]
+        batch.stats["egsw/weight_max"] = float(w.max())
+        return adv * w
+    score = ((adv[:, None] + alpha * h) / temperature).masked_fill(mask == 0, float("-inf"))
+    top = torch.full((k, score.shape[1]), float("-inf"), device=score.device).scatter_reduce(
+        0, inv[:, None].expand_as(score), score, "amax"
+    )
+    e = torch.exp(score - top[inv]).nan_to_num(0.0) * mask
+    total = torch.zeros_like(top).index_add_(0, inv, e)
+    count = torch.zeros_like(top).index_add_(0, inv, mask)
+    w = e / total[inv].clamp(min=1e-30) * count[inv]
+    batch.stats["egsw/weight_max"] = float(w.max())
+    return adv[:, None] * w
+
+
+egsw.token_entropy = True

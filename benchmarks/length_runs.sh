@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Length methods on SmolLM2 (issue 21, acceptance 3b): GRPO, HBPO, e1 and GRPO-λ from the same seed on the default task
+# with room to reason — the tag prompt (<think>…</think><answer>…</answer>) and 128 new tokens — 12 steps, held-out
+# accuracy and length at steps 0 and 12. Two arms at a time, one thread each; runs go to results/length/smollm2/runs/.
+#   bash benchmarks/length_runs.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEST=${DEST:-results/length/smollm2/runs}
+COMMON=(prompt=tag trainer.max_new_tokens=128 trainer.max_steps=12 trainer.eval_every=12 trainer.num_threads=1
+  trainer.checkpoint_every=0 tracker=none)
+mkdir -p "$DEST"
+arm() {  # name, overrides...
+  local name=$1
+  shift
+  .venv/bin/rlexp train "$@" "${COMMON[@]}" run_name="$name" hydra.run.dir="$DEST/$name" > "$DEST/$name.log" 2>&1
+  echo "$name rc=$? load: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$DEST/done.txt"
+}
+arm grpo algorithm=grpo &
+arm hbpo algorithm=hbpo &
+wait
+arm e1_effort algorithm=e1_effort &
+arm grpo_lambda algorithm=grpo_lambda &
+wait
