@@ -323,6 +323,7 @@ class Trainer:
             timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
         else:
             batch = self.take_rollout(step, timings)
+        sampler_metrics = self.observe_solved(batch)  # a sampler that skips solved prompts (sampler=skip_solved)
         t1 = time.perf_counter()
         ctx = StageContext(
             self.model,
@@ -479,10 +480,28 @@ class Trainer:
         tokens = float(fresh.completion_mask.sum())
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
-        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings}
+        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings, **sampler_metrics}
         if replayed is not None:
             metrics["batch/replayed_completions"] = float(replayed.sum())
         return batch, metrics
+
+    def observe_solved(self, batch: RolloutBatch) -> dict[str, float]:
+        """Tell a sampler with ``observe`` which of the step's prompts every completion answered correctly (the
+        accuracy term); its metrics."""
+        observe = getattr(self.sampler, "observe", None)
+        if observe is None or self.accuracy_term not in batch.reward_names:
+            return {}
+        acc = batch.term(self.accuracy_term)
+        firsts, solved = [], []
+        for g in torch.unique_consecutive(batch.group_ids).tolist():
+            rows = (batch.group_ids == g).nonzero().squeeze(-1)
+            firsts.append(batch.records[int(rows[0])])
+            solved.append(bool((acc[rows] >= 1.0).all()))
+        observe(firsts, solved)
+        return {
+            "sampler/solved_prompts": float(len(self.sampler.solved)),
+            "sampler/skipped": float(self.sampler.skipped),
+        }
 
     def take_rollout(self, step: int, timings: dict) -> RolloutBatch:
         """trainer.async_rollout: the batch of ``step`` generated ahead (during the previous step's update), scored
