@@ -222,6 +222,11 @@ class Algorithm:
         return bool(getattr(_function(self.advantage), "token_entropy", False))
 
     @property
+    def loss_minp(self) -> float:
+        """κ > 0: the loss reads the old policy's min-p proxy log-probs (Lp-Reg), computed in the old forward."""
+        return float(getattr(self.loss, "minp", 0.0) or 0.0)
+
+    @property
     def entropy_clamp(self) -> float:
         """p > 0: the entropy bonus is AEnt's clamped entropy, computed by the forward beside the log-probs."""
         return float(self.entropy_control.clamp) if self.entropy_control is not None else 0.0

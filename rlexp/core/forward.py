@@ -62,6 +62,7 @@ def token_logprobs(
     topk: int = 0,
     vocab_mask: torch.Tensor | None = None,
     entropy_clamp: float = 0.0,
+    minp_proxy: float = 0.0,
 ):
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
@@ -78,7 +79,9 @@ def token_logprobs(
     log-softmax of each piece. ``vocab_mask`` (N, T, V) bool (NLPO's action mask): the log-softmax is taken over the
     allowed tokens only (the others' logits −inf), so log-probs and entropies are those of the renormalised policy.
     ``entropy_clamp`` p > 0 (AEnt's entropy bonus): the third value also holds ``clamped_entropy`` (N, T), with
-    gradient, the entropy renormalised on each position's top (1 − p) share of the vocabulary (``clamped_entropy``)."""
+    gradient, the entropy renormalised on each position's top (1 − p) share of the vocabulary (``clamped_entropy``).
+    ``minp_proxy`` κ > 0 (Lp-Reg): the third value holds ``proxy_logp`` (N, T), the token's log-prob under the policy
+    renormalised on the tokens with probability ≥ κ × the position's largest (−1e4 for a token filtered out)."""
     with torch.autocast(
         prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
     ):
@@ -94,9 +97,15 @@ def token_logprobs(
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
-    sparse = support is not None or topk > 0 or entropy_clamp > 0  # a third value comes back
+    sparse = support is not None or topk > 0 or entropy_clamp > 0 or minp_proxy > 0  # a third value comes back
     full = sparse or vocab_mask is not None
-    extra: dict[str, list] = {"support_logp": [], "topk_idx": [], "topk_logp": [], "clamped_entropy": []}
+    extra: dict[str, list] = {
+        "support_logp": [],
+        "topk_idx": [],
+        "topk_logp": [],
+        "clamped_entropy": [],
+        "proxy_logp": [],
+    }
     for logits in pieces:
         tokens = completion_ids[:, start : start + logits.shape[1]]
         if full:  # the full-vocabulary log-softmax (of the allowed tokens), gathered where asked
@@ -114,6 +123,8 @@ def token_logprobs(
                 extra["support_logp"].append(logp_all.gather(-1, support[:, start : start + logits.shape[1]]))
             if entropy_clamp > 0:
                 extra["clamped_entropy"].append(clamped_entropy(scaled, entropy_clamp))
+            if minp_proxy > 0:
+                extra["proxy_logp"].append(minp_proxy_logprobs(logp_all, tokens, minp_proxy))
             if topk > 0:
                 values, ids = logp_all.detach().topk(min(topk, logp_all.shape[-1]), -1)
                 extra["topk_idx"].append(ids)
@@ -156,6 +167,20 @@ def clamped_entropy(scaled_logits: torch.Tensor, clamp: float) -> torch.Tensor:
     logp = torch.log_softmax(x.masked_fill(~keep, float("-inf")), -1)
     logp = torch.where(keep, logp, torch.zeros_like(logp))  # 0·(−inf) would make the gradient NaN
     return -(logp.exp() * keep * logp).sum(-1)
+
+
+def minp_proxy_logprobs(logp_all: torch.Tensor, tokens: torch.Tensor, kappa: float) -> torch.Tensor:
+    """(…) log-prob of ``tokens`` under the min-p proxy of the distribution ``logp_all`` (…, V) (Lp-Reg,
+    "Low-probability Tokens Sustain Exploration in Reinforcement Learning with Verifiable Reward", 2025; arXiv
+    2510.03222): the tokens with p ≥ κ·max p kept and renormalised; a token filtered out gets −1e4 (as its logit in the
+    released code)."""
+    with torch.no_grad():
+        lp = logp_all.detach().float()
+        keep = lp >= lp.max(-1, keepdim=True).values + torch.log(torch.tensor(kappa))
+        kept_lse = torch.logsumexp(lp.masked_fill(~keep, float("-inf")), -1)
+        picked = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        kept = keep.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return torch.where(kept, picked - kept_lse, torch.full_like(picked, -1e4))
 
 
 class _SelectedLogprobs(torch.autograd.Function):

@@ -32,6 +32,9 @@ SUPPORT_TOKEN = "support_token_pos"
 TOKEN_ENTROPY = "token_entropy"
 # (N,) float: the prompt condition each row was sampled under (HBPO's token budget, e1's effort), set by the trainer
 CONDITION = "condition"
+# (N, T) the sampled token's log-prob under the old policy's min-p proxy (Lp-Reg): the policy renormalised on the tokens
+# whose probability is at least κ × the position's largest (−1e4 where the token itself is filtered out)
+PROXY_LOGPROBS = "proxy_logprobs"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from rlexp.core.masks import (
     IS_WEIGHTS,
     KL_PENALTY,
     PRECEDENT,
+    PROXY_LOGPROBS,
     SUPPORT_IDX,
     SUPPORT_OLD,
     SUPPORT_TOKEN,
@@ -389,12 +390,15 @@ class Trainer:
         # after a policy reincarnation (ReMix) the update is on-policy: the old log-probs are the current ones
         on_policy_now = reincarnated and self.ahead is None and self.correction is None
         support_k = self.algo.loss_support_k  # TROLL: the old policy's top-K beside its log-probs
-        # GTPO, GRPO-S: the token entropies of the weights this update starts from, in the old log-probs' forward
-        entropy = torch.zeros_like(batch.sampling_logprobs) if self.algo.advantage_needs_entropy else None
-        if entropy is not None:
-            batch.extras[TOKEN_ENTROPY] = entropy
+        # per-token quantities of the weights this update starts from, in the old log-probs' forward: the token
+        # entropies (GTPO, GRPO-S) and the min-p proxy's log-probs (Lp-Reg)
+        token_out = {}
+        if self.algo.advantage_needs_entropy:
+            token_out["entropy"] = batch.extras[TOKEN_ENTROPY] = torch.zeros_like(batch.sampling_logprobs)
+        if self.algo.loss_minp:
+            token_out["proxy_logp"] = batch.extras[PROXY_LOGPROBS] = torch.zeros_like(batch.sampling_logprobs)
         recompute = (self.recompute_old_logprobs and not on_policy_now) or support_k
-        if entropy is not None and not recompute:
+        if token_out and not recompute:
             batch_logprobs(
                 self.train_model,
                 batch,
@@ -404,7 +408,8 @@ class Trainer:
                 self.share_prompts,
                 self.s.micro_batch_tokens,
                 action_mask=self.action_mask,
-                entropy_out=entropy,
+                token_out=token_out,
+                minp=self.algo.loss_minp,
             )
         if recompute:
             old = batch_logprobs(
@@ -417,7 +422,8 @@ class Trainer:
                 self.s.micro_batch_tokens,
                 topk=support_k,
                 action_mask=self.action_mask,
-                entropy_out=entropy,
+                token_out=token_out,
+                minp=self.algo.loss_minp,
             )
             if support_k:
                 from rlexp.algorithms.losses.trust_region import sparse_support

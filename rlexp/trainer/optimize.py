@@ -57,11 +57,14 @@ def batch_logprobs(
     micro_batch_tokens: int | None = None,
     topk: int = 0,
     action_mask=None,
-    entropy_out: torch.Tensor | None = None,
+    token_out: dict[str, torch.Tensor] | None = None,
+    minp: float = 0.0,
 ):
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad). With ``topk`` K > 0 also the
     (N, T, K) ids and log-probs of each position's K most likely tokens (TROLL's old support): a triple.
-    ``entropy_out``: an (N, T) tensor the token entropies are written into, in the same forward (GTPO)."""
+    ``token_out``: (N, T) tensors filled in the same forward — ``entropy`` (the token entropies: GTPO) and
+    ``proxy_logp`` (the sampled token's log-prob under the min-p proxy with threshold ``minp``: Lp-Reg)."""
+    token_out = token_out or {}
     out = torch.zeros_like(batch.sampling_logprobs)
     if topk > 0:
         n, t = out.shape
@@ -82,11 +85,14 @@ def batch_logprobs(
             prompt_groups=mb.prompt_groups,
             topk=topk,
             vocab_mask=action_mask.vocab_mask(p, pm, c, cm, autocast_dtype) if action_mask is not None else None,
-            with_entropy=entropy_out is not None,
+            with_entropy="entropy" in token_out,
+            minp_proxy=minp if "proxy_logp" in token_out else 0.0,
         )
         out[mb.dev_idx, :end] = res[0] * cm
-        if entropy_out is not None:
-            entropy_out[mb.dev_idx, :end] = res[1].to(entropy_out.dtype) * cm
+        if "entropy" in token_out:
+            token_out["entropy"][mb.dev_idx, :end] = res[1].to(out.dtype) * cm
+        if "proxy_logp" in token_out:
+            token_out["proxy_logp"][mb.dev_idx, :end] = res[2]["proxy_logp"].to(out.dtype) * cm
         if topk > 0:
             k = res[2]["topk_idx"].shape[-1]
             top_idx[mb.dev_idx, :end, :k] = res[2]["topk_idx"]

@@ -52,6 +52,9 @@ SPLIT_AT = {
     "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
     "e1_effort": ["algorithm.group_stages.0.correct_min=0.4", "trainer.num_generations=4"],
     # the test reward has no format term: constrain its one term instead
+    # half the negative tokens (enough to select some in tiny micro-batches); κ = 0.2 filters part of the tiny model's
+    # near-uniform distribution, so the proxy is above the policy on the tokens it keeps
+    "lp_reg": ["algorithm.loss.rho=0.5", "algorithm.loss.minp=0.2"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
 
@@ -95,6 +98,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["lagrange/accuracy/violation"] > 0 and m["lagrange/accuracy/multiplier"] > 0
     if method == "adaptive_entropy":  # the tiny model's entropy (~10 nats) is far above the target: the bonus is off
         assert m["entropy_bonus/coef"] == 0.0 and m["entropy_bonus/entropy"] > 0.5
+    if method == "lp_reg":  # the old policy's min-p proxy reaches the loss and tokens are regularised toward it
+        assert m["lp_reg/selected_frac"] > 0 and m["lp_reg/kl"] > 0
     if method == "egsw":  # the softmax weights leave 1
         assert m["egsw/weight_max"] > 1.0
     if method == "gtpo":  # per-token credit inside a completion
