@@ -20,7 +20,7 @@ from rlexp.algorithms.losses.base import LossOutput, loss_batch_extras, loss_tak
 from rlexp.algorithms.regularisers.entropy import high_entropy_mask
 from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
 from rlexp.algorithms.regularisers.reference import KINDS
-from rlexp.core.masks import TOKEN_REWARDS, UNSCORED
+from rlexp.core.masks import KL_ROW_WEIGHTS, TOKEN_REWARDS, UNSCORED
 
 UNSCORED_ROWS = ("count", "exclude")
 
@@ -204,6 +204,13 @@ class Algorithm:
         return loss_batch_extras(self.loss)
 
     @property
+    def token_loss_extras(self) -> tuple[str, ...]:
+        """Every ``batch.extras`` key ``token_loss`` reads per row: the loss's, and the KL's per-row weights when the
+        estimator sets them (APO's difficulty-adaptive KL)."""
+        weights = (KL_ROW_WEIGHTS,) if getattr(_function(self.advantage), "kl_row_weights", False) else ()
+        return (*self.loss_batch_extras, *weights)
+
+    @property
     def selects_over_mini_batch(self) -> bool:
         """The loss picks its tokens over the whole mini-batch (Clip-Cov, KL-Cov with ``scope=mini_batch``): the
         trainer calls ``loss.select`` once per optimiser step and passes each micro-batch its slice."""
@@ -315,6 +322,7 @@ class Algorithm:
         an ``entropy`` parameter gets the token entropies. ``clamped_entropy``: AEnt's entropy (with gradient) for the
         entropy bonus when its clamp is > 0."""
         kwargs: dict = {} if selected is None else {"selected": selected}
+        kl_rows = (extras or {}).get(KL_ROW_WEIGHTS)  # APO: the KL's weight per row
         for key in self.loss_batch_extras:
             if extras is None or key not in extras:
                 raise ValueError(
@@ -344,6 +352,8 @@ class Algorithm:
             stats["kl/mean"] = kl.detach()
             if self.kl.bias_correction:  # TRL's use_bias_correction_kl: E_old[r·KL_t] is KL under π_θ
                 kl = kl * torch.exp(logp - old_logp)
+            if kl_rows is not None:
+                kl = kl * kl_rows.to(kl.dtype)[:, None]
             per_token = per_token + self.kl.coef * kl
         if self.entropy_coef:
             if entropy is None:

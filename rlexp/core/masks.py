@@ -35,6 +35,8 @@ CONDITION = "condition"
 # (N, T) the sampled token's log-prob under the old policy's min-p proxy (Lp-Reg): the policy renormalised on the tokens
 # whose probability is at least κ × the position's largest (−1e4 where the token itself is filtered out)
 PROXY_LOGPROBS = "proxy_logprobs"
+# (N,) per-row weight of the KL term in the loss (APO's difficulty-adaptive KL), set by the advantage estimator
+KL_ROW_WEIGHTS = "kl_row_weights"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -234,10 +234,10 @@ def policy_update(
                 ref_lp = part.ref_logprobs[dev_idx, :end] if part.ref_logprobs is not None else None
                 sel = selected[dev_idx, :end] if selected is not None else None
                 extras = None
-                if algo.loss_batch_extras:  # per-row fields a loss reads (GBPO's target), this micro-batch's rows
+                if algo.token_loss_extras:  # per-row fields a loss reads (GBPO's target), this micro-batch's rows
                     extras = {
                         k: (v[dev_idx, :end] if v.dim() >= 2 else v[dev_idx])
-                        for k in algo.loss_batch_extras
+                        for k in algo.token_loss_extras
                         if (v := part.extras.get(k)) is not None
                     }
                 out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp, clamped)

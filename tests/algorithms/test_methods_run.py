@@ -54,6 +54,7 @@ SPLIT_AT = {
     # the test reward has no format term: constrain its one term instead
     # half the negative tokens (enough to select some in tiny micro-batches); κ = 0.2 filters part of the tiny model's
     # near-uniform distribution, so the proxy is above the policy on the tokens it keeps
+    "apo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],
     "lp_reg": ["algorithm.loss.rho=0.5", "algorithm.loss.minp=0.2"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
@@ -100,6 +101,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["entropy_bonus/coef"] == 0.0 and m["entropy_bonus/entropy"] > 0.5
     if method == "lp_reg":  # the old policy's min-p proxy reaches the loss and tokens are regularised toward it
         assert m["lp_reg/selected_frac"] > 0 and m["lp_reg/kl"] > 0
+    if method == "apo":  # the KL to the reference acts, relaxed on the positives of mixed groups
+        assert m["kl/mean"] > 0 and m["apo/kl_weight_mean"] < 1.0
     if method == "egsw":  # the softmax weights leave 1
         assert m["egsw/weight_max"] > 1.0
     if method == "gtpo":  # per-token credit inside a completion
