@@ -20,3 +20,6 @@ wait
 arm gtpo algorithm=gtpo &
 arm spine algorithm=spine &
 wait
+# GTPO with the group's token rewards normalised together (the reading that keeps the correctness signal); this arm
+# ran beside the length runs (benchmarks/length_runs.sh), three processes on two cores
+arm gtpo_joint algorithm=gtpo algorithm.advantage.normalise=joint
