@@ -304,3 +304,36 @@ def test_lagrangian_multiplier_update_and_reward_column():
         LagrangianWeights([{"term": "t1", "threshold": 0.5, "direction": "up"}])
     with pytest.raises(KeyError, match="not a reward term"):
         LagrangianWeights([{"term": "nope", "threshold": 0.5}])(make([1.0, 0.0], [0, 0]))
+
+
+def test_verifier_noise_backward_correction_and_injection():
+    """arXiv 2510.00915: R̂ = (R̃ − ρ0)/(1 − ρ0 − ρ1), unbiased for the clean reward; injection flips at the rates."""
+    from types import SimpleNamespace
+
+    from rlexp.algorithms.group_stages.verifier_noise import VerifierNoise
+    from tests.algorithms.batches import make_batch as make
+
+    b = make(None, [0, 0, 0], terms=[[1.0, 0.5], [0.0, 0.5], [1.0, 0.0]], weights=[2.0, 1.0])
+    VerifierNoise(term="t0", rho0=0.1, rho1=0.2)(b)
+    hi, lo = (1 - 0.1) / 0.7, (0 - 0.1) / 0.7
+    assert b.term("t0").tolist() == pytest.approx([hi, lo, hi])
+    assert b.reward.tolist() == pytest.approx([2 * hi + 0.5, 2 * lo + 0.5, 2 * hi])
+    # unbiased: over the flips of a true 1 (kept with 1 − ρ1) and of a true 0 (flipped up with ρ0)
+    assert (1 - 0.2) * hi + 0.2 * lo == pytest.approx(1.0) and 0.1 * hi + 0.9 * lo == pytest.approx(0.0)
+    ctx = SimpleNamespace(step=3, settings=SimpleNamespace(seed=0))
+    big = make([1.0] * 2000 + [0.0] * 2000, [0] * 4000)
+    big.reward_names = ["accuracy"]
+    VerifierNoise(rho0=0.1, rho1=0.3, inject=True, correction="none")(big, ctx)
+    acc = big.term("accuracy")
+    assert float((acc[:2000] == 0).float().mean()) == pytest.approx(0.3, abs=0.04)  # false negatives
+    assert float((acc[2000:] == 1).float().mean()) == pytest.approx(0.1, abs=0.03)  # false positives
+    with pytest.raises(ValueError, match="rates"):
+        VerifierNoise(rho0=0.5)
+
+
+def test_noisy_verifier_experiment_runs_two_steps(tiny_cfg):
+    from rlexp.runs.training import run
+    from tests.algorithms.varying_reward import VARYING
+
+    result = run(tiny_cfg(*VARYING, "+experiment=noisy_verifier", "trainer.max_new_tokens=6", "trainer.autocast=off"))
+    assert result.last_step == 2 and "verifier_noise/flipped_frac" in result.metrics
