@@ -42,6 +42,9 @@ class ReferenceSettings:
     kind: str = "frozen"
     ema_decay: float = 0.995
     ema_interval: int = 10
+    # a model config (as conf/model/<name>.yaml) the frozen reference is loaded from instead of a copy of the initial
+    # policy: the KL then pulls toward that model (a demonstration / SFT policy: demonstration-regularised RL)
+    model: Any = None
 
 
 @dataclass
@@ -161,6 +164,11 @@ class Algorithm:
             )
         if self.reference.kind not in KINDS:
             raise ValueError(f"algorithm.reference.kind={self.reference.kind!r} is not one of {KINDS}")
+        if self.reference.model is not None and self.reference.kind != "frozen":
+            raise ValueError(
+                f"algorithm.reference.model loads a fixed reference: it needs algorithm.reference.kind=frozen, "
+                f"got {self.reference.kind!r}"
+            )
         if self.needs_reference and self.reference.kind == "none":
             raise ValueError("algorithm.reference.kind=none but the KL term or a group stage needs a reference model")
         if self.num_generations is not None and self.num_generations < 1:

@@ -140,7 +140,16 @@ class Trainer:
         self.reference = None
         if algorithm.needs_reference:
             r = algorithm.reference
-            self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval)
+            source = None
+            if r.model is not None:  # a fixed reference of its own (a demonstration policy)
+                from omegaconf import OmegaConf
+
+                from rlexp.models.loading import load_model
+
+                cfg = r.model if OmegaConf.is_config(r.model) else OmegaConf.create(dict(r.model))
+                device = next(model.parameters()).device
+                source = load_model(cfg, device).model
+            self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval, source=source)
         self.action_mask = None  # NLPO: the masking policy (a synced copy) whose top-p tokens are the allowed ones
         if algorithm.action_mask is not None:
             from rlexp.algorithms.regularisers.action_mask import TopPActionMask

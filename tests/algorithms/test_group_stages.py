@@ -337,3 +337,24 @@ def test_noisy_verifier_experiment_runs_two_steps(tiny_cfg):
 
     result = run(tiny_cfg(*VARYING, "+experiment=noisy_verifier", "trainer.max_new_tokens=6", "trainer.autocast=off"))
     assert result.last_step == 2 and "verifier_noise/flipped_frac" in result.metrics
+
+
+def test_demonstration_reference_is_loaded_from_its_own_model(tiny_cfg, tmp_path):
+    """+experiment=demo_regularized: the KL anchor is another model (here the tiny model with another seed), so the
+    KL is already > 0 at the first step, where a copy of the initial policy gives 0."""
+    from rlexp.runs.training import run
+    from tests.algorithms.varying_reward import VARYING
+
+    from omegaconf import OmegaConf, open_dict
+
+    fast = ["trainer.max_new_tokens=6", "trainer.autocast=off", "trainer.max_steps=1"]
+    cfg = tiny_cfg(*VARYING, *fast, "+experiment=demo_regularized")
+    assert cfg.algorithm.reference.model.seed == 0  # by default the run's own model: GRPO's frozen reference
+    same = run(cfg)
+    assert same.metrics["kl/mean"] == pytest.approx(0.0, abs=1e-6)
+    cfg = tiny_cfg(*VARYING, *fast, "+experiment=demo_regularized")
+    with open_dict(cfg):
+        cfg.algorithm.reference.model = OmegaConf.merge(cfg.model, {"seed": 1})  # another model
+        cfg.trainer.run_dir = str(tmp_path / "other")
+    other = run(cfg)
+    assert other.metrics["kl/mean"] > 1e-3

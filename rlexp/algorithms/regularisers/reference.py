@@ -3,6 +3,8 @@
 * ``none``   – no reference model is kept.
 * ``frozen`` – a frozen copy of the initial policy (GRPO, DeepSeekMath 2024); under LoRA the policy itself with
   its adapters disabled (no copy).
+* ``frozen`` with ``source`` – a given fixed model (``algorithm.reference.model``: a demonstration or SFT policy, the
+  KL anchor of demonstration-regularised RL, "Demonstration-Regularized RL", Tiapkin et al., 2024).
 * ``ema``    – a slowly evolving copy, θ_ref ← d·θ_ref + (1−d)·θ every ``interval`` optimiser
   steps (GRPO-CARE, "Consistency-Aware RL for Multimodal Reasoning", 2025: d = 0.995 every 10
   steps in its released script).
@@ -22,7 +24,14 @@ KINDS = ("none", "frozen", "ema")
 
 @REGULARISERS.register
 class ReferenceModel:
-    def __init__(self, policy: torch.nn.Module, kind: str = "frozen", ema_decay: float = 0.995, ema_interval: int = 1):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        kind: str = "frozen",
+        ema_decay: float = 0.995,
+        ema_interval: int = 1,
+        source: torch.nn.Module | None = None,
+    ):
         if kind not in KINDS:
             raise ValueError(f"algorithm.reference.kind={kind!r} is not one of {KINDS}")
         if not 0.0 <= ema_decay <= 1.0:
@@ -32,7 +41,19 @@ class ReferenceModel:
         self.kind, self.ema_decay, self.ema_interval = kind, ema_decay, ema_interval
         self.model = None
         self.reincarnated = False  # reset_to has replaced the weights (ReMix's policy reincarnation)
-        if kind == "frozen" and is_peft(policy):  # LoRA: the base with the adapters off, not a copy
+        if source is not None:  # a given model (a demonstration policy), not the policy's initial weights
+            if kind != "frozen":
+                raise ValueError(f"a reference model given by algorithm.reference.model must be frozen, got {kind!r}")
+            p_vocab = policy.get_input_embeddings().weight.shape[0]
+            s_vocab = source.get_input_embeddings().weight.shape[0]
+            if p_vocab != s_vocab:
+                raise ValueError(
+                    f"algorithm.reference.model has a vocabulary of {s_vocab} tokens, the policy {p_vocab}: the KL "
+                    "compares token log-probs, so both need the same tokenizer"
+                )
+            self.model = source.eval()
+            self.model.requires_grad_(False)
+        elif kind == "frozen" and is_peft(policy):  # LoRA: the base with the adapters off, not a copy
             self.model = AdaptersOff(policy)
         elif kind != "none":
             self.model = copy.deepcopy(policy).eval()
