@@ -342,10 +342,10 @@ def test_noisy_verifier_experiment_runs_two_steps(tiny_cfg):
 def test_demonstration_reference_is_loaded_from_its_own_model(tiny_cfg, tmp_path):
     """+experiment=demo_regularized: the KL anchor is another model (here the tiny model with another seed), so the
     KL is already > 0 at the first step, where a copy of the initial policy gives 0."""
+    from omegaconf import OmegaConf, open_dict
+
     from rlexp.runs.training import run
     from tests.algorithms.varying_reward import VARYING
-
-    from omegaconf import OmegaConf, open_dict
 
     fast = ["trainer.max_new_tokens=6", "trainer.autocast=off", "trainer.max_steps=1"]
     cfg = tiny_cfg(*VARYING, *fast, "+experiment=demo_regularized")
