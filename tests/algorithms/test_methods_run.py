@@ -103,6 +103,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["lp_reg/selected_frac"] > 0 and m["lp_reg/kl"] > 0
     if method == "apo":  # the KL to the reference acts, relaxed on the positives of mixed groups
         assert m["kl/mean"] > 0 and m["apo/kl_weight_mean"] < 1.0
+    if method == "rpg":  # 2 epochs x 4 mini-batches (2 groups: whole groups per mini-batch), ratios off 1
+        assert m["train/optimizer_steps"] >= 4 and (m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0)
     if method == "egsw":  # the softmax weights leave 1
         assert m["egsw/weight_max"] > 1.0
     if method == "gtpo":  # per-token credit inside a completion
