@@ -162,3 +162,37 @@ def test_spine_algorithm_applies_the_band_to_the_top_entropy_tokens():
     assert algo.entropy_grad
     with pytest.raises(ValueError, match="quantiles"):
         EntropyBand(low=0.6, high=0.5)
+
+
+def test_aent_coefficient_survives_a_resume(tmp_path):
+    """The band controller's coefficient is in the checkpoint: a crashed and resumed run uses the same coefficients
+    as the uninterrupted one."""
+    import json
+
+    from rlexp.runs.training import run
+    from tests.conftest import TINY, compose_train
+    from tests.trainer.test_resume import CrashAt
+
+    overrides = [
+        *TINY,
+        "algorithm=aent",
+        "algorithm.entropy_control.coef=0.002",
+        "algorithm.entropy_control.lr=1e-5",
+        "algorithm.entropy_control.warmup_steps=0",
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=1",
+        "trainer.max_new_tokens=6",
+        "trainer.autocast=off",
+    ]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(compose_train(overrides, tmp_path / "run"), callbacks=[CrashAt(2)])
+    run(compose_train(overrides, tmp_path / "run"))
+    run(compose_train(overrides, tmp_path / "ref"))
+
+    def coefs(d):
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        return [r["entropy_bonus/coef"] for r in rows if "entropy_bonus/coef" in r]
+
+    resumed, ref = coefs(tmp_path / "run"), coefs(tmp_path / "ref")
+    assert len(resumed) == 3 and resumed[0] == 0.002 and resumed[2] < resumed[1] < resumed[0]  # entropy above the band
+    assert resumed == pytest.approx(ref, rel=1e-6)
