@@ -407,20 +407,7 @@ class Trainer:
         if self.algo.loss_minp:
             token_out["proxy_logp"] = batch.extras[PROXY_LOGPROBS] = torch.zeros_like(batch.sampling_logprobs)
         recompute = (self.recompute_old_logprobs and not on_policy_now) or support_k
-        if token_out and not recompute:
-            batch_logprobs(
-                self.train_model,
-                batch,
-                self.s.micro_batch_size,
-                self.rollout.temperature,
-                self.autocast_dtype,
-                self.share_prompts,
-                self.s.micro_batch_tokens,
-                action_mask=self.action_mask,
-                token_out=token_out,
-                minp=self.algo.loss_minp,
-            )
-        if recompute:
+        if token_out or recompute:  # one no-grad forward of the weights the update starts from
             old = batch_logprobs(
                 self.train_model,
                 batch,
@@ -429,11 +416,12 @@ class Trainer:
                 self.autocast_dtype,
                 self.share_prompts,
                 self.s.micro_batch_tokens,
-                topk=support_k,
+                topk=support_k if recompute else 0,
                 action_mask=self.action_mask,
                 token_out=token_out,
                 minp=self.algo.loss_minp,
             )
+        if recompute:
             if support_k:
                 from rlexp.algorithms.losses.trust_region import sparse_support
 
