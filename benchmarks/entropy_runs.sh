@@ -8,12 +8,7 @@ cd "$(dirname "$0")/.."
 DEST=${DEST:-results/entropy/smollm2/runs}
 COMMON=(trainer.max_steps=18 trainer.eval_every=9 trainer.num_threads=1 trainer.checkpoint_every=0 tracker=none)
 mkdir -p "$DEST"
-arm() {  # name, overrides...
-  local name=$1
-  shift
-  .venv/bin/rlexp train "$@" "${COMMON[@]}" run_name="$name" hydra.run.dir="$DEST/$name" > "$DEST/$name.log" 2>&1
-  echo "$name rc=$? load: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$DEST/done.txt"
-}
+source benchmarks/arms.sh
 arm grpo algorithm=grpo &
 arm aent algorithm=aent &
 wait

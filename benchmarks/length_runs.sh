@@ -9,12 +9,7 @@ DEST=${DEST:-results/length/smollm2/runs}
 COMMON=(prompt=tag trainer.max_new_tokens=128 trainer.max_steps=12 trainer.eval_every=12 trainer.num_threads=1
   trainer.checkpoint_every=0 tracker=none)
 mkdir -p "$DEST"
-arm() {  # name, overrides...
-  local name=$1
-  shift
-  .venv/bin/rlexp train "$@" "${COMMON[@]}" run_name="$name" hydra.run.dir="$DEST/$name" > "$DEST/$name.log" 2>&1
-  echo "$name rc=$? load: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$DEST/done.txt"
-}
+source benchmarks/arms.sh
 arm grpo algorithm=grpo &
 arm hbpo algorithm=hbpo &
 wait
