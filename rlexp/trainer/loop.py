@@ -268,26 +268,36 @@ class Trainer:
             if cond is None:
                 out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
             else:  # each group's K prompt variants (HBPO's budgets, e1's efforts), G/K completions each
-                values = cond.values(G)
-                variants = [cond.render(p, v) for p in prompts for v in values]
+                variants, values = self._condition_variants(records, prompts)
                 out = self.rollout.generate(self.model, self.tok, variants, num_generations=G // len(values), **reuse)
         return self.scored_batch(records, prompts, out)
 
-    def _row_conditions(self, prompts: list[str]) -> tuple[list[str], torch.Tensor | None]:
+    def _condition_variants(self, records: list[dict], prompts: list[str]) -> tuple[list[str], list[float]]:
+        """The K prompt variants of each record (record-major) under the prompt condition, and the K values."""
+        cond = self.algo.prompt_condition
+        values = cond.values(self.num_generations)
+        if cond.position == "user":  # inside the user's turn: the question is rendered again with the condition
+            return [
+                self.prompt_format.render(self.tok, cond.question(r["question"], v)) for r in records for v in values
+            ], values
+        return [cond.render(p, v) for p in prompts for v in values], values
+
+    def _row_conditions(self, records: list[dict], prompts: list[str]) -> tuple[list[str], torch.Tensor | None]:
         """Each row's prompt text and, under a prompt condition, its (N,) condition value."""
-        G, cond = self.num_generations, self.algo.prompt_condition
-        if cond is None:
+        G = self.num_generations
+        if self.algo.prompt_condition is None:
             return [p for p in prompts for _ in range(G)], None
-        values = cond.values(G)
+        variants, values = self._condition_variants(records, prompts)
         each = G // len(values)
-        rows = [(cond.render(p, v), v) for p in prompts for v in values for _ in range(each)]
+        k = len(values)
+        rows = [(variants[i], values[i % k]) for i in range(len(variants)) for _ in range(each)]
         return [r[0] for r in rows], torch.tensor([r[1] for r in rows], dtype=torch.float32)
 
     def scored_batch(self, records: list[dict], prompts: list[str], out) -> RolloutBatch:
         """The batch of a rollout's output (group ids numbered on from the step's last), scored."""
         G = self.num_generations
         n = len(records)
-        row_prompts, conditions = self._row_conditions(prompts)
+        row_prompts, conditions = self._row_conditions(records, prompts)
         groups = torch.arange(
             self._next_group, self._next_group + n, device=out.completion_ids.device
         ).repeat_interleave(G)

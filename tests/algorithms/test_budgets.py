@@ -57,8 +57,11 @@ def test_budget_prefill_renders_scaled_budgets_and_checks_the_group_size():
         cond.values(6)
     with pytest.raises(ValueError, match="positive"):
         BudgetPrefill(values=[0, 1])
-    effort = EffortPrompt(values=[0.5, 1.0], template=" effort {value}")
-    assert effort.render("p", 0.5) == "p effort 0.5" and effort.render("p", 1.0) == "p effort 1"
+    effort = EffortPrompt(values=[0.5, 1.0], template="effort {value}")
+    assert effort.position == "user" and effort.question("q?", 0.5) == "q?\neffort 0.5"
+    assert effort.render("p", 1.0) == "peffort 1"
+    with pytest.raises(ValueError, match="position"):
+        EffortPrompt(position="system")
 
 
 def test_e1_effort_reward_against_the_group_average():
@@ -83,3 +86,26 @@ def test_e1_effort_reward_against_the_group_average():
     plain.reward_names = ["accuracy"]
     with pytest.raises(ValueError, match="EffortPrompt"):
         EffortReward()(plain)
+
+
+def test_trainer_renders_user_and_assistant_conditions(tiny):
+    """The trainer's prompt variants: e1's effort inside the user's turn, HBPO's budget after the generation prompt."""
+    from types import SimpleNamespace
+
+    from rlexp.data.prompts import PromptFormat
+    from rlexp.trainer.loop import Trainer
+
+    fmt = PromptFormat(answer_format="hash", system_prompt="sys", instruction="End with '#### <answer>'.")
+    records = [{"question": "What is 2 + 2?"}]
+    prompts = [fmt.render(tiny.tokenizer, records[0]["question"])]
+    for cond, inside_user in ((EffortPrompt(values=[0.5, 1.0]), True), (BudgetPrefill(values=[8, 16]), False)):
+        fake = SimpleNamespace(
+            algo=SimpleNamespace(prompt_condition=cond), num_generations=4, prompt_format=fmt, tok=tiny.tokenizer
+        )
+        variants, values = Trainer._condition_variants(fake, records, prompts)
+        assert len(variants) == 2 and values == cond.values(4)
+        text = cond.text(values[0])
+        if inside_user:  # the condition comes before the assistant's turn opens
+            assert text in variants[0] and variants[0].endswith(prompts[0][-20:]) and not prompts[0].endswith(text)
+        else:
+            assert variants[0] == prompts[0] + text

@@ -6,18 +6,24 @@
 * ``EffortPrompt`` (e1, "Learning Adaptive Control of Reasoning Effort", 2025; arXiv 2510.27042): each subgroup is
   asked for a fraction r of the query's usual reasoning length.
 
-The text goes after the chat template's generation prompt, so it opens the assistant's turn.
+``position``: ``assistant`` — the text goes after the chat template's generation prompt, opening the assistant's turn
+(HBPO's prefill); ``user`` — it is appended to the question, inside the user's turn (e1: the query with its effort).
 """
 
 from __future__ import annotations
 
 from rlexp.core.registry import PROMPT_CONDITIONS
 
+POSITIONS = ("assistant", "user")
+
 
 class _Condition:
     template: str
 
-    def __init__(self, values, template: str):
+    def __init__(self, values, template: str, position: str = "assistant"):
+        if position not in POSITIONS:
+            raise ValueError(f"algorithm.prompt_condition.position={position!r} is not one of {list(POSITIONS)}")
+        self.position = position
         values = [float(v) for v in values]
         if not values or any(v <= 0 for v in values):
             raise ValueError(f"algorithm.prompt_condition.values must be positive numbers, got {values}")
@@ -39,7 +45,12 @@ class _Condition:
         return self.template.format(value=int(value) if float(value).is_integer() else value)
 
     def render(self, prompt: str, value: float) -> str:
+        """The rendered prompt with the condition opening the assistant's turn (``position: assistant``)."""
         return prompt + self.text(value)
+
+    def question(self, question: str, value: float) -> str:
+        """The question with the condition appended (``position: user``; rendered by the prompt format after)."""
+        return f"{question}\n{self.text(value)}"
 
 
 @PROMPT_CONDITIONS.register
@@ -52,12 +63,13 @@ class BudgetPrefill(_Condition):
         values=(512, 1024, 2048, 2560),
         template: str = "<think> I will answer the question with {value} tokens",
         scale: float = 1.0,
+        position: str = "assistant",
     ):
         if scale <= 0 or any(float(v) <= 0 for v in values):
             raise ValueError(
                 f"algorithm.prompt_condition: values {list(values)} and scale {scale} must be positive numbers"
             )
-        super().__init__([max(1, round(float(v) * scale)) for v in values], template)
+        super().__init__([max(1, round(float(v) * scale)) for v in values], template, position)
 
 
 @PROMPT_CONDITIONS.register
@@ -67,6 +79,7 @@ class EffortPrompt(_Condition):
     def __init__(
         self,
         values=(0.25, 0.5, 0.75, 1.0),
-        template: str = "I will use about {value} of my usual reasoning length.",
+        template: str = "Use about {value} of your usual reasoning length.",
+        position: str = "user",
     ):
-        super().__init__(values, template)
+        super().__init__(values, template, position)
