@@ -164,6 +164,7 @@ def test_spine_algorithm_applies_the_band_to_the_top_entropy_tokens():
         EntropyBand(low=0.6, high=0.5)
 
 
+@pytest.mark.long  # three tiny runs (~25 s)
 def test_aent_coefficient_survives_a_resume(tmp_path):
     """The band controller's coefficient is in the checkpoint: a crashed and resumed run uses the same coefficients
     as the uninterrupted one."""
