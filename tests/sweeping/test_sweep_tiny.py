@@ -307,6 +307,7 @@ def trial_states(db: Path) -> dict[int, str]:
         con.close()
 
 
+@pytest.mark.long  # a killed sweep subprocess and its rerun (~8 s)
 def test_a_sweep_killed_mid_trial_and_rerun_at_once_runs_every_trial(tmp_path, sweep):
     """Issue 16: SIGKILL the sweep while trial 1 trains, re-run the same command at once (well within the
     heartbeat's grace period): trial 1 is failed as interrupted (its sweep process is gone) and run again, so

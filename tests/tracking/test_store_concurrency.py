@@ -20,6 +20,7 @@ print(rid)
 """
 
 
+@pytest.mark.long  # parallel subprocess runs (~9 s)
 def test_concurrent_starts_on_a_fresh_sqlite_store_all_get_their_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     procs = [

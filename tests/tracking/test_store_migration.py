@@ -119,6 +119,7 @@ def assert_the_old_run_is_there(uri: str) -> None:
     assert sorted(m.value for m in client.get_metric_history(RUN, "loss")) == [0.3, 0.4, 0.5]
 
 
+@pytest.mark.long  # killed migration subprocesses (~10 s each)
 @pytest.mark.parametrize(
     "statement, mlflow_says",
     [
