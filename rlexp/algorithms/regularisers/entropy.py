@@ -139,10 +139,5 @@ class EntropyBand:
         return self.coef * (above + below) * f, stats
 
     def update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Nothing adapts (the band is per completion, from its own entropies); no state for checkpoints."""
         return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict | None) -> None:
-        pass
