@@ -166,3 +166,16 @@ def test_grpo_lambda_trains_two_steps_and_logs_its_metrics(tiny_cfg, tmp_path):
         ):
             assert key in row, key
         assert 0.0 <= row["grpo_lambda/switched_group_frac"] <= 1.0
+
+
+def test_kimi_long2short_experiment_trains_with_the_length_reward_and_a_shorter_limit(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    from rlexp.config.paths import CONF_DIR
+
+    assert OmegaConf.load(f"{CONF_DIR}/experiment/kimi_long2short.yaml").trainer.max_new_tokens == 64
+    cfg = tiny_cfg("+experiment=kimi_long2short", "trainer.autocast=off")  # the tiny run keeps its 12 tokens
+    assert "length_penalty" in cfg.reward.terms
+    assert cfg.prompt.answer_format == "tag"
+    result = run(cfg)
+    assert result.last_step == 2 and "reward/length_penalty/mean" in result.metrics
