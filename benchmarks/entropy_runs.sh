@@ -18,3 +18,5 @@ wait
 # GTPO with the group's token rewards normalised together (the reading that keeps the correctness signal); this arm
 # ran beside the length runs (benchmarks/length_runs.sh), three processes on two cores
 arm gtpo_joint algorithm=gtpo algorithm.advantage.normalise=joint
+# AEnt with a band set on SmolLM2's own entropy (the recipe's [0.05, 0.23] is below it); ran alone afterwards
+arm aent_band algorithm=aent algorithm.entropy_control.low=0.35 algorithm.entropy_control.high=0.6
