@@ -56,6 +56,12 @@ SPLIT_AT = {
     # near-uniform distribution, so the proxy is above the policy on the tokens it keeps
     "apo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],
     "lp_reg": ["algorithm.loss.rho=0.5", "algorithm.loss.minp=0.2"],
+    # the tiny model makes no search calls: stratify by vowel count instead (varies between its completions)
+    "stratified_grpo": [
+        "algorithm.advantage.pattern='[aeiou]'",
+        "algorithm.advantage.max_stratum=30",
+        "trainer.num_generations=4",
+    ],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
 
@@ -76,6 +82,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
     # issue 20 §3: each method's update mechanism acts in the run
     if method == "mdpo":  # 4 full-batch steps; the KL to the sampling policy acts from the second
         assert m["train/optimizer_steps"] == 4.0 and m["mdpo/kl"] > 0 and m["mdpo/kl_coef"] > 1.0
+    if method == "stratified_grpo":  # completions of a group fall into several strata
+        assert m["stratified/strata_per_group"] > 1.0
     if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned
         assert m["train/optimizer_steps"] == 8.0 and m["sfpo/active"] == 1.0 and m["sfpo/fast_displacement"] > 0
     if method == "copg":  # the β-term at the current weights
