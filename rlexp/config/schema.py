@@ -118,6 +118,7 @@ class ConsistencyConfig:
     enabled: bool = False
     rederive: bool = True  # cut the stated answer, let the judge finish greedily, compare
     likelihood: bool = True  # judge's probability of the stated answer given the reasoning
+    shuffle: bool = False  # multiple-choice rows: re-ask with the options moved, same reasoning, same option? (ACRE)
     judge: str = "reference"  # reference (frozen initial / base model) | policy
     threshold: float = 0.5  # likelihood_rate = share of completions above this
     max_new_tokens: int = 16  # tokens the judge may write to re-derive the answer
@@ -143,6 +144,7 @@ class RLExpConfig:
     benchmark: Any = None  # benchmark entries evaluated during training (`+benchmark=offline`)
     model: Any = MISSING
     dataset: Any = MISSING
+    view: Any = None  # a view of the dataset's records (conf/view; view=multiple_choice), null: as they are
     prompt: Any = MISSING
     reward: Any = MISSING
     algorithm: Any = MISSING

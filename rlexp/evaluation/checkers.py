@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from rlexp.evaluation.sandbox import run_many
-from rlexp.rewards.answers import extract_answer, math_equal
+from rlexp.rewards.answers import choice_letter, extract_answer, math_equal
 from rlexp.rewards.terms import check_answer
 
 
@@ -33,7 +33,6 @@ class AnswerExtractor:
         return extract_answer(completion, self.answer_format, fallback_last_number=self.fallback)
 
 
-_LETTER = re.compile(r"^[\s({\[]*(?:\\text(?:bf)?\{)?\s*\(?([A-Z])\)?(?:\}|\b|$)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*\(?\s*([A-Z])\b", re.I)
 
 
@@ -47,10 +46,7 @@ class ChoiceExtractor(AnswerExtractor):
         self.letters, self.fallback_phrase = letters, fallback
 
     def _letter(self, ans: str | None) -> str | None:
-        if ans is None:
-            return None
-        m = _LETTER.match(ans.strip())
-        return m.group(1) if m and m.group(1) in self.letters else None
+        return choice_letter(ans, self.letters)
 
     def strict(self, text: str) -> str | None:
         return self._letter(extract_answer(text, self.answer_format))

@@ -5,6 +5,12 @@ reasoning leads to (DESIGN.md, "Metrics"). Two measurements, each logged under i
   answer (keeping the answer marker: ``#### ``, ``\\boxed{``, ``<answer>``), let a judge model finish
   greedily from prompt + reasoning, extract the judge's answer the same way and compare it with the
   stated one (the benchmark's notion of "same answer": math-verify for math). Consistent = equal.
+* **option shuffle** (``consistency/shuffle_rate``, opt-in: ``shuffle``) — for multiple-choice records (the
+  multiple-choice view, GPQA: ``metadata.options``): re-ask the question with every option moved to another letter
+  (``rlexp.data.multiple_choice.reshuffle``), keep the completion's reasoning, let the judge finish greedily and
+  compare the chosen option's content with the one first chosen (ACRE, "Answer-Consistent Chain-of-thought
+  Reinforcement Learning", 2025: a reasoning that supports an option picks it again wherever its letter went).
+  The rate is over the multiple-choice completions (``consistency/shuffle_measured``); other rows are left out.
 * **likelihood** (``consistency/likelihood_mean``, ``consistency/likelihood_rate``) — the judge's
   probability of the stated answer tokens given prompt + reasoning, exp(mean token log-prob); the
   confidence signal of GRPO-CARE ("Consistency-Aware RL for Multimodal Reasoning", 2025), computed by
@@ -27,7 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlexp.rewards.answers import answer_span
+from rlexp.data.multiple_choice import reshuffle
+from rlexp.rewards.answers import answer_span, choice_letter
 from rlexp.rewards.likelihood import answer_confidence
 
 JUDGES = ("reference", "policy")
@@ -63,6 +70,7 @@ class ConsistencyMeter:
         max_completions: int | None = None,
         batch_size: int = 16,
         enabled: bool = True,
+        shuffle: bool = False,
     ):
         if judge not in JUDGES:
             raise ValueError(f"consistency.judge={judge!r} is not one of {JUDGES}")
@@ -70,9 +78,11 @@ class ConsistencyMeter:
             raise ValueError(f"consistency.threshold={threshold} must be in [0, 1]")
         if max_new_tokens <= 0:
             raise ValueError(f"consistency.max_new_tokens={max_new_tokens} must be > 0")
-        if not (rederive or likelihood):
-            raise ValueError("consistency: both rederive and likelihood are off; set consistency.enabled=false instead")
-        self.rederive, self.likelihood, self.judge = rederive, likelihood, judge
+        if not (rederive or likelihood or shuffle):
+            raise ValueError(
+                "consistency: rederive, likelihood and shuffle are all off; set consistency.enabled=false instead"
+            )
+        self.rederive, self.likelihood, self.shuffle, self.judge = rederive, likelihood, shuffle, judge
         self.threshold, self.max_new_tokens = threshold, max_new_tokens
         self.max_completions, self.batch_size = max_completions, batch_size
         self.reference_model = None
@@ -100,6 +110,51 @@ class ConsistencyMeter:
         return self.reference_model
 
     # ---- measuring -----------------------------------------------------------------------------
+    def _continue(self, judge, tokenizer, texts: list[str], rollout=None) -> list[str]:
+        """The judge's greedy continuations of ``texts`` (``max_new_tokens`` each, ``batch_size`` at a time)."""
+        from rlexp.rollout.hf import HFRollout
+
+        gen = rollout or HFRollout(max_new_tokens=self.max_new_tokens)
+        out: list[str] = []
+        for k in range(0, len(texts), self.batch_size):
+            chunk = texts[k : k + self.batch_size]
+            out.extend(gen.generate(judge, tokenizer, chunk, 1, greedy=True, max_new_tokens=self.max_new_tokens).texts)
+        return out
+
+    def _shuffle_rate(self, judge, tokenizer, prompts, completions, spans, per, records, extract, rollout):
+        """``consistency/shuffle_rate`` over the multiple-choice rows (see the module docstring)."""
+        mc = [i for i in range(len(per)) if (records[i].get("metadata") or {}).get("options")]
+        if not mc:
+            return {}
+        asks = []  # (row, text to continue, cut, moved options, content first chosen)
+        for i in mc:
+            per[i]["shuffle_consistent"] = False
+            meta = records[i]["metadata"]
+            letters = meta.get("letters", "ABCD")
+            chosen = choice_letter(per[i]["stated"], letters)
+            if chosen is None or records[i]["question"] not in prompts[i]:
+                continue
+            question, moved = reshuffle(records[i])
+            cut = completions[i][: spans[i][0]].rstrip(" \t")
+            asks.append(
+                (
+                    i,
+                    prompts[i].replace(records[i]["question"], question) + cut,
+                    cut,
+                    moved,
+                    meta["options"][letters.index(chosen)],
+                )
+            )
+        texts = self._continue(judge, tokenizer, [a[1] for a in asks], rollout) if asks else []
+        consistent = 0
+        for (i, _, cut, moved, first), text in zip(asks, texts):
+            letters = records[i]["metadata"].get("letters", "ABCD")
+            again = choice_letter(extract(first_answer(cut, text)), letters)
+            picked = moved[letters.index(again)] if again is not None and letters.index(again) < len(moved) else None
+            per[i].update(shuffle_letter=again, shuffle_option=picked, shuffle_consistent=picked == first)
+            consistent += int(picked == first)
+        return {"consistency/shuffle_rate": consistent / len(mc), "consistency/shuffle_measured": float(len(mc))}
+
     @torch.no_grad()
     def measure(
         self,
@@ -111,10 +166,12 @@ class ConsistencyMeter:
         extract: Callable[[str], str | None],
         equivalent: Callable[[str, str, int], bool],
         rollout=None,
+        records: list[dict] | None = None,
     ) -> tuple[dict[str, float], list[dict]]:
         """Metrics and one dict per measured completion (``stated``, ``rederived``,
-        ``rederive_consistent``, ``likelihood``). ``extract(text)`` gives the answer stated in the
-        prompt's format; ``equivalent(a, b, i)`` compares two answers of completion ``i``."""
+        ``rederive_consistent``, ``likelihood``, ``shuffle_consistent``). ``extract(text)`` gives the answer stated
+        in the prompt's format; ``equivalent(a, b, i)`` compares two answers of completion ``i``; ``records``
+        (one per completion) are what the option-shuffle rate reads its options from."""
         n = len(completions) if self.max_completions is None else min(len(completions), self.max_completions)
         prompts, completions = prompts[:n], completions[:n]
         judge = self.judge_model(policy)
@@ -133,22 +190,8 @@ class ConsistencyMeter:
         if self.rederive:
             consistent = 0
             if has:
-                from rlexp.rollout.hf import HFRollout
-
-                gen = rollout or HFRollout(max_new_tokens=self.max_new_tokens)
                 cut = [completions[i][: spans[i][0]].rstrip(" \t") for i in has]  # the judge writes its own space
-                texts: list[str] = []
-                for k in range(0, len(has), self.batch_size):
-                    chunk = has[k : k + self.batch_size]
-                    out = gen.generate(
-                        judge,
-                        tokenizer,
-                        [prompts[i] + cut[k + j] for j, i in enumerate(chunk)],
-                        1,
-                        greedy=True,
-                        max_new_tokens=self.max_new_tokens,
-                    )
-                    texts.extend(out.texts)
+                texts = self._continue(judge, tokenizer, [prompts[i] + cut[j] for j, i in enumerate(has)], rollout)
                 for j, i in enumerate(has):
                     rederived = extract(first_answer(cut[j], texts[j]))
                     ok = rederived is not None and (
@@ -182,6 +225,10 @@ class ConsistencyMeter:
                 per[i].setdefault("likelihood", None)
             m["consistency/likelihood_mean"] = sum(vals) / len(vals) if vals else float("nan")
             m["consistency/likelihood_rate"] = sum(v > self.threshold for v in vals) / n if n else float("nan")
+        if self.shuffle and records is not None:
+            m.update(
+                self._shuffle_rate(judge, tokenizer, prompts, completions, spans, per, records[:n], extract, rollout)
+            )
         return m, per
 
     def batch_metrics(self, policy, tokenizer, batch, answer_format: str) -> dict[str, float]:
@@ -198,6 +245,7 @@ class ConsistencyMeter:
             answer_format,
             extractor.strict,
             lambda a, b, i: checker.equivalent(a, b, records[i]),
+            records=records,
         )
         return metrics
 

@@ -216,6 +216,7 @@ class BenchmarkEvaluator:
                 bench.answer_format,
                 bench.extractor.strict,
                 lambda a, b, i: bench.checker.equivalent(a, b, recs_rep[i]),
+                records=recs_rep,
             )
             metrics.update(cm)
             per[: len(per_c)] = per_c

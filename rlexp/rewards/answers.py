@@ -104,6 +104,18 @@ def answer_span(text: str, answer_format: str = "auto") -> tuple[int, int] | Non
     return None
 
 
+_LETTER = re.compile(r"^[\s({\[]*(?:\\text(?:bf)?\{)?\s*\(?([A-Z])\)?(?:\}|\b|$)")
+
+
+def choice_letter(ans: str | None, letters: str = "ABCD") -> str | None:
+    """A stated multiple-choice answer reduced to its letter: ``C``, ``(C)``, ``C) 42``, ``\\text{(C)}`` all give
+    ``C``; None when it does not start with one of ``letters``."""
+    if ans is None:
+        return None
+    m = _LETTER.match(ans.strip())
+    return m.group(1) if m and m.group(1) in letters else None
+
+
 def normalize_number(ans: str) -> str:
     return ans.replace(",", "").replace(" ", "").rstrip(".")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from rlexp.core.registry import REWARDS
-from rlexp.rewards.answers import extract_answer, math_equal
+from rlexp.rewards.answers import choice_letter, extract_answer, math_equal
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ def check_answer(answer: str | None, record: dict) -> float:
         return float(math_equal(answer, record["answer"]))
     if scorer == "exact":
         return float(answer.strip() == record["answer"].strip())
+    if scorer == "choice":  # the multiple-choice view (rlexp.data.multiple_choice): the stated option's letter
+        letters = (record.get("metadata") or {}).get("letters", "ABCD")
+        return float(choice_letter(answer, letters) == record["answer"])
     raise ValueError(f"unknown scorer {scorer!r} in record {record.get('id')}")
 
 

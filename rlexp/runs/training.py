@@ -130,6 +130,8 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     from rlexp.trainer.loop import Trainer
 
     data = build(cfg.dataset, "dataset")
+    if cfg.get("view") is not None:  # view=multiple_choice: the records rewritten (rlexp.data.multiple_choice)
+        data = build(cfg.view, "view")(data)
     prompt_format = build(cfg.prompt, "prompt")
     reward_terms = {name: build_reward_term(term, f"reward.terms.{name}") for name, term in cfg.reward.terms.items()}
     algorithm = build(cfg.algorithm, "algorithm", _convert_="all")

@@ -112,6 +112,8 @@ SOMETIMES = (
     "consistency/rederive_rate",
     "consistency/likelihood_mean",
     "consistency/likelihood_rate",
+    "consistency/shuffle_rate",
+    "consistency/shuffle_measured",
     "dynamic_sampling/rounds",
     "dynamic_sampling/sampled_groups",
     "dynamic_sampling/kept_groups",

@@ -191,3 +191,56 @@ def test_real_model_rederives_and_prefers_supported_answers():
     assert per[0]["likelihood"] > 0.5 > per[1]["likelihood"]
     assert per[2]["likelihood"] > 0.5 > per[3]["likelihood"]
     assert m["consistency/rederive_rate"] == 0.5 and m["consistency/likelihood_rate"] == 0.5
+
+
+class OptionContentJudge:
+    """Finishes a cut multiple-choice completion with the letter under which the prompt now lists the last number
+    of the reasoning (a judge that follows the reasoning's content, not the letter first written)."""
+
+    def generate(self, model, tokenizer, texts, num_generations=1, greedy=False, max_new_tokens=None):
+        outs = []
+        for t in texts:
+            prompt, reasoning = t.split("PROMPT|", 1)
+            nums = NUM.findall(reasoning)
+            found = re.search(rf"^([A-D])\) {nums[-1]}$", prompt, re.M) if nums else None
+            outs.append(f"{found.group(1) if found else 'A'}</answer>")
+        return SimpleNamespace(texts=outs)
+
+
+def test_option_shuffle_rate_by_hand():
+    from rlexp.data.multiple_choice import ChoiceView, reshuffle
+    from rlexp.data.sources import DatasetSplits
+    from rlexp.evaluation.checkers import ChoiceExtractor
+
+    recs = [
+        {"id": f"r{i}", "question": f"What is {a} + 3?", "answer": str(a + 3), "scorer": "math"}
+        for i, a in enumerate((12, 4, 7))
+    ]
+    view = ChoiceView(seed=0)(DatasetSplits("toy", recs[:2], recs[2:]))
+    rec = view.train[0]  # correct option "15"
+    opts = rec["metadata"]["options"]
+    right, wrong = "ABCD"[opts.index("15")], "ABCD"[opts.index(next(o for o in opts if o != "15"))]
+    plain = {"id": "p", "question": "What is 1 + 1?", "answer": "2", "scorer": "math", "metadata": {}}
+    completions = [
+        f"<think>12 + 3 = 15.</think><answer>{right}</answer>",  # its reasoning supports its option: consistent
+        f"<think>12 + 3 = 15.</think><answer>{wrong}</answer>",  # the reasoning supports another option
+        "<think>12 + 3 = 15.</think>",  # no answer: inconsistent
+        "<think>1 + 1 = 2.</think><answer>2</answer>",  # not multiple choice: left out
+    ]
+    records = [rec, rec, rec, plain]
+    meter = ConsistencyMeter(judge="policy", rederive=False, likelihood=False, shuffle=True)
+    m, per = meter.measure(
+        None,
+        None,
+        [r["question"] + "PROMPT|" for r in records],
+        completions,
+        "tag",
+        ChoiceExtractor("tag").strict,
+        lambda a, b, i: a == b,
+        rollout=OptionContentJudge(),
+        records=records,
+    )
+    assert m["consistency/shuffle_measured"] == 3.0 and m["consistency/shuffle_rate"] == pytest.approx(1 / 3)
+    assert [p.get("shuffle_consistent") for p in per] == [True, False, False, None]
+    _, moved = reshuffle(rec)
+    assert per[0]["shuffle_option"] == "15" and per[0]["shuffle_letter"] == "ABCD"[moved.index("15")] != right

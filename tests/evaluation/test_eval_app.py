@@ -150,3 +150,33 @@ def test_errors_name_the_key(tmp_path):
     )
     with pytest.raises(ValueError, match="consistency.judge"):
         run_eval(cfg)
+
+
+def test_option_shuffle_rate_in_eval_output_and_mlflow(tmp_path):
+    """A multiple-choice benchmark (GPQA-Diamond, local file in its schema) with consistency.shuffle=true: the
+    shuffle rate is in the metrics, the summary, MLflow and each sample's consistency record."""
+    from tests.evaluation.test_benchmarks import FIX
+
+    run_dir = tmp_path / "run"
+    cfg = compose_train(
+        [
+            *TINY_EVAL,
+            "benchmark=gpqa_diamond",
+            f"benchmark.gpqa_diamond.source.data_files={FIX / 'gpqa_diamond.csv'}",
+            "benchmark.gpqa_diamond.max_new_tokens=12",
+            "eval.n=2",
+            "consistency.shuffle=true",
+            "tracker=mlflow",
+        ],
+        run_dir,
+        "eval",
+    )
+    m = run_eval(cfg).metrics
+    key = "eval/gpqa_diamond/consistency/shuffle_rate"
+    assert 0.0 <= m[key] <= 1.0 and m["eval/gpqa_diamond/consistency/shuffle_measured"] == 4.0
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["metrics"][key] == m[key]
+    _, run = mlflow_metrics(run_dir)
+    assert run.data.metrics[key] == pytest.approx(m[key])
+    rows = [json.loads(l) for l in (run_dir / "eval" / "gpqa_diamond.jsonl").read_text().splitlines()]
+    assert all("shuffle_consistent" in s["consistency"] for r in rows for s in r["samples"])

@@ -88,3 +88,19 @@ def test_reasoning_gym_items_of_a_seed_are_a_fixed_sequence():
         small = [e["question"] for e in rg.create_dataset(name, size=5, seed=3, **opts)]
         large = [e["question"] for e in rg.create_dataset(name, size=12, seed=3, **opts)]
         assert large[:5] == small, name
+
+
+def test_shuffle_rate_per_step_on_the_multiple_choice_view(tiny_cfg, tmp_path):
+    run(
+        tiny_cfg(
+            "view=multiple_choice",
+            "prompt=tag",
+            "consistency.enabled=true",
+            "consistency.shuffle=true",
+            "consistency.rederive=false",
+            "consistency.likelihood=false",
+            "consistency.max_new_tokens=4",
+        )
+    )
+    for r in rows(tmp_path / "run"):
+        assert r["consistency/shuffle_measured"] == 8 and 0.0 <= r["consistency/shuffle_rate"] <= 1.0
