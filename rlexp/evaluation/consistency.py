@@ -33,30 +33,11 @@ from collections.abc import Callable
 
 import torch
 
-from rlexp.data.multiple_choice import reshuffle
-from rlexp.rewards.answers import answer_span, choice_letter
+from rlexp.rewards.answers import answer_span, first_answer
 from rlexp.rewards.likelihood import answer_confidence
+from rlexp.rewards.option_shuffle import shuffle_recheck
 
 JUDGES = ("reference", "policy")
-
-
-def first_answer(cut: str, continuation: str) -> str:
-    """``cut + continuation`` up to the end of the first answer the judge writes at the cut (a judge
-    that goes on to state another answer is held to its first one): the rest of the ``####`` line,
-    up to the brace closing ``\\boxed{``, or up to ``</answer>``."""
-    tail = cut.rstrip()
-    if tail.endswith("####"):
-        return cut + continuation.split("\n", 1)[0]
-    if tail.lower().endswith("<answer>"):
-        end = continuation.lower().find("</answer>")
-        return cut + (continuation[: end + len("</answer>")] if end >= 0 else continuation)
-    if tail.endswith("{"):
-        depth = 1
-        for j, ch in enumerate(continuation):
-            depth += (ch == "{") - (ch == "}")
-            if depth == 0:
-                return cut + continuation[: j + 1]
-    return cut + continuation
 
 
 class ConsistencyMeter:
@@ -121,39 +102,24 @@ class ConsistencyMeter:
             out.extend(gen.generate(judge, tokenizer, chunk, 1, greedy=True, max_new_tokens=self.max_new_tokens).texts)
         return out
 
-    def _shuffle_rate(self, judge, tokenizer, prompts, completions, spans, per, records, extract, rollout):
+    def _shuffle_rate(self, judge, tokenizer, prompts, completions, per, records, answer_format, extract, rollout):
         """``consistency/shuffle_rate`` over the multiple-choice rows (see the module docstring)."""
-        mc = [i for i in range(len(per)) if (records[i].get("metadata") or {}).get("options")]
-        if not mc:
+        checks = shuffle_recheck(
+            prompts,
+            completions,
+            records,
+            answer_format,
+            extract,
+            lambda t: self._continue(judge, tokenizer, t, rollout),
+        )
+        measured = [c for c in checks if c is not None]
+        if not measured:
             return {}
-        asks = []  # (row, text to continue, cut, moved options, content first chosen)
-        for i in mc:
-            per[i]["shuffle_consistent"] = False
-            meta = records[i]["metadata"]
-            letters = meta.get("letters", "ABCD")
-            chosen = choice_letter(per[i]["stated"], letters)
-            if chosen is None or records[i]["question"] not in prompts[i]:
-                continue
-            question, moved = reshuffle(records[i])
-            cut = completions[i][: spans[i][0]].rstrip(" \t")
-            asks.append(
-                (
-                    i,
-                    prompts[i].replace(records[i]["question"], question) + cut,
-                    cut,
-                    moved,
-                    meta["options"][letters.index(chosen)],
-                )
-            )
-        texts = self._continue(judge, tokenizer, [a[1] for a in asks], rollout) if asks else []
-        consistent = 0
-        for (i, _, cut, moved, first), text in zip(asks, texts):
-            letters = records[i]["metadata"].get("letters", "ABCD")
-            again = choice_letter(extract(first_answer(cut, text)), letters)
-            picked = moved[letters.index(again)] if again is not None and letters.index(again) < len(moved) else None
-            per[i].update(shuffle_letter=again, shuffle_option=picked, shuffle_consistent=picked == first)
-            consistent += int(picked == first)
-        return {"consistency/shuffle_rate": consistent / len(mc), "consistency/shuffle_measured": float(len(mc))}
+        for p, c in zip(per, checks):
+            if c is not None:
+                p.update(shuffle_letter=c.again_letter, shuffle_option=c.again_option, shuffle_consistent=c.consistent)
+        rate = sum(c.consistent for c in measured) / len(measured)
+        return {"consistency/shuffle_rate": rate, "consistency/shuffle_measured": float(len(measured))}
 
     @torch.no_grad()
     def measure(
@@ -227,7 +193,9 @@ class ConsistencyMeter:
             m["consistency/likelihood_rate"] = sum(v > self.threshold for v in vals) / n if n else float("nan")
         if self.shuffle and records is not None:
             m.update(
-                self._shuffle_rate(judge, tokenizer, prompts, completions, spans, per, records[:n], extract, rollout)
+                self._shuffle_rate(
+                    judge, tokenizer, prompts, completions, per, records[:n], answer_format, extract, rollout
+                )
             )
         return m, per
 

@@ -104,6 +104,25 @@ def answer_span(text: str, answer_format: str = "auto") -> tuple[int, int] | Non
     return None
 
 
+def first_answer(cut: str, continuation: str) -> str:
+    """``cut + continuation`` up to the end of the first answer the judge writes at the cut (a judge
+    that goes on to state another answer is held to its first one): the rest of the ``####`` line,
+    up to the brace closing ``\\boxed{``, or up to ``</answer>``."""
+    tail = cut.rstrip()
+    if tail.endswith("####"):
+        return cut + continuation.split("\n", 1)[0]
+    if tail.lower().endswith("<answer>"):
+        end = continuation.lower().find("</answer>")
+        return cut + (continuation[: end + len("</answer>")] if end >= 0 else continuation)
+    if tail.endswith("{"):
+        depth = 1
+        for j, ch in enumerate(continuation):
+            depth += (ch == "{") - (ch == "}")
+            if depth == 0:
+                return cut + continuation[: j + 1]
+    return cut + continuation
+
+
 _LETTER = re.compile(r"^[\s({\[]*(?:\\text(?:bf)?\{)?\s*\(?([A-Z])\)?(?:\}|\b|$)")
 
 

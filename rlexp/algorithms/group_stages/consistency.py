@@ -252,3 +252,124 @@ class ConsistencyBonus:
         s["care/consistency_rate"] = float(out["consistent"].sum() / measured.sum()) if measured.any() else math.nan
         s["care/threshold_mean"] = _mean(out["threshold"][first])
         return batch
+
+
+ACRE_CASES = ("correct_consistent", "correct_inconsistent", "wrong_consistent", "wrong_inconsistent")
+
+
+def acre_reward(correct: torch.Tensor, consistent: torch.Tensor, table: dict[str, float]) -> torch.Tensor:
+    """ACRE's consistency-verification reward per row from its correctness and its option-shuffle agreement."""
+    r = torch.empty(correct.shape, dtype=torch.float32)
+    r[correct & consistent] = table["correct_consistent"]
+    r[correct & ~consistent] = table["correct_inconsistent"]
+    r[~correct & consistent] = table["wrong_consistent"]
+    r[~correct & ~consistent] = table["wrong_inconsistent"]
+    return r
+
+
+@GROUP_STAGES.register
+class ShuffleConsistencyReward:
+    """ACRE ("Answer-Consistent Chain-of-thought Reinforcement Learning for Multi-modal Large Language Models",
+    Huang et al., 2025): each multiple-choice completion is re-asked with its options shuffled and its own reasoning
+    (``rlexp.rewards.option_shuffle``), the model (``judge``: the policy, as the paper, or the frozen reference)
+    finishing greedily; the accuracy term's contribution is replaced by a reward from (correct, same option after the
+    shuffle) — ``table``, highest only when both hold. The paper states only that ordering, not the values: the
+    defaults are ours. Appended as reward column ``name``; stats ``acre/consistent_frac`` (agreement over the
+    measured rows), ``acre/correct_consistent_frac``, ``acre/reward_mean``."""
+
+    def __init__(
+        self,
+        accuracy_term: str = "accuracy",
+        table: dict | None = None,
+        correct_min: float = 1.0,
+        judge: str = "policy",
+        max_new_tokens: int = 16,
+        batch_size: int = 16,
+        name: str = "acre",
+    ):
+        table = dict(
+            table
+            or {
+                "correct_consistent": 1.0,
+                "correct_inconsistent": 0.5,
+                "wrong_consistent": 0.0,
+                "wrong_inconsistent": 0.0,
+            }
+        )
+        if set(table) != set(ACRE_CASES):
+            raise ValueError(
+                f"algorithm.group_stages: ShuffleConsistencyReward.table keys {sorted(table)} "
+                f"must be {list(ACRE_CASES)}"
+            )
+        if table["correct_consistent"] < max(v for k, v in table.items() if k != "correct_consistent"):
+            raise ValueError(
+                "algorithm.group_stages: ShuffleConsistencyReward.table: correct_consistent must be the highest reward"
+            )
+        if judge not in ("policy", "reference"):
+            raise ValueError(
+                f"algorithm.group_stages: ShuffleConsistencyReward.judge={judge!r} is not policy or reference"
+            )
+        if max_new_tokens < 1 or batch_size < 1:
+            raise ValueError(
+                "algorithm.group_stages: ShuffleConsistencyReward.max_new_tokens and batch_size must be >= 1"
+            )
+        self.accuracy_term, self.table, self.correct_min = (
+            accuracy_term,
+            {k: float(v) for k, v in table.items()},
+            correct_min,
+        )
+        self.judge, self.max_new_tokens, self.batch_size, self.name = judge, max_new_tokens, batch_size, name
+
+    def _generate(self, ctx, texts: list[str]) -> list[str]:
+        model = ctx.policy if self.judge == "policy" else getattr(ctx.reference, "model", None)
+        if model is None:
+            raise RuntimeError("ShuffleConsistencyReward.judge=reference needs algorithm.reference.kind frozen or ema")
+        out: list[str] = []
+        for k in range(0, len(texts), self.batch_size):
+            chunk = texts[k : k + self.batch_size]
+            out.extend(
+                ctx.rollout.generate(
+                    model, ctx.tokenizer, chunk, 1, greedy=True, max_new_tokens=self.max_new_tokens
+                ).texts
+            )
+        return out
+
+    def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
+        from rlexp.rewards.answers import extract_answer
+        from rlexp.rewards.option_shuffle import shuffle_recheck
+
+        if self.accuracy_term not in batch.reward_names:
+            raise KeyError(
+                f"algorithm.group_stages: ShuffleConsistencyReward.accuracy_term={self.accuracy_term!r} "
+                f"is not a reward term (terms: {batch.reward_names})"
+            )
+        checks = shuffle_recheck(
+            batch.prompts,
+            batch.completions,
+            batch.records,
+            ctx.answer_format,
+            lambda text: extract_answer(text, ctx.answer_format),
+            lambda texts: self._generate(ctx, texts),
+        )
+        missing = [i for i, c in enumerate(checks) if c is None]
+        if missing:
+            raise ValueError(
+                f"ShuffleConsistencyReward (ACRE) needs multiple-choice records (metadata.options); record "
+                f"{batch.records[missing[0]].get('id')!r} has none: train with view=multiple_choice or a "
+                "multiple-choice dataset"
+            )
+        j = batch.reward_names.index(self.accuracy_term)
+        acc = batch.rewards[:, j]
+        correct = (acc >= self.correct_min).cpu()
+        consistent = torch.tensor([c.consistent for c in checks])
+        reward = acre_reward(correct, consistent, self.table)
+        w = float(batch.reward_weights[j])
+        batch.reward = batch.reward - w * acc  # the ACRE reward takes the accuracy term's place
+        batch.reward_weights = batch.reward_weights.clone()
+        batch.reward_weights[j] = 0.0
+        append_reward_column(batch, self.name, reward, weight=w)
+        s = batch.stats
+        s["acre/consistent_frac"] = float(consistent.float().mean())
+        s["acre/correct_consistent_frac"] = float((correct & consistent).float().mean())
+        s["acre/reward_mean"] = float(reward.mean())
+        return batch
