@@ -85,3 +85,31 @@ def test_bad_settings_and_records_name_the_problem():
     ctx = SimpleNamespace(policy=None, reference=None, tokenizer=None, answer_format="tag", rollout=ContentRollout())
     with pytest.raises(ValueError, match="record 'q0' has none: train with view=multiple_choice"):
         ShuffleConsistencyReward()(b, ctx)
+
+
+def test_lcr_adds_a_drift_penalty_to_the_task_reward():
+    recs = [
+        {"id": f"r{i}", "question": f"What is {a} + 3?", "answer": str(a + 3), "scorer": "math"}
+        for i, a in enumerate((12, 4))
+    ]
+    rec = ChoiceView(seed=0)(DatasetSplits("toy", recs[:1], recs[1:])).train[0]
+    opts = rec["metadata"]["options"]
+    right, wrong_opt = "ABCD"[opts.index("15")], next(o for o in opts if o != "15")
+    b = make_batch([1.0, 1.0], [0, 0])
+    b.reward_names, b.records, b.prompts = ["accuracy"], [rec] * 2, [rec["question"] + "|"] * 2
+    b.completions = [
+        f"<think>= 15.</think><answer>{right}</answer>",
+        f"<think>{wrong_opt}</think><answer>{right}</answer>",
+    ]
+    ctx = SimpleNamespace(
+        policy="POLICY", reference=None, tokenizer=None, answer_format="tag", rollout=ContentRollout()
+    )
+    table = {
+        "correct_consistent": 0.0,
+        "correct_inconsistent": -0.5,
+        "wrong_consistent": 0.0,
+        "wrong_inconsistent": -0.5,
+    }
+    ShuffleConsistencyReward(table=table, replace_accuracy=False, name="lcr")(b, ctx)
+    assert b.term("lcr").tolist() == [0.0, -0.5] and b.reward.tolist() == [1.0, 0.5]  # accuracy kept, drift penalised
+    assert b.reward_weights.tolist() == [1.0, 1.0]

@@ -63,6 +63,7 @@ SPLIT_AT = {
         "trainer.num_generations=4",
     ],
     # multiple-choice records; the vowel share (the test's accuracy) counts as correct from 0.4
+    "georeason_lcr": ["view=multiple_choice", "prompt=tag", "trainer.num_generations=4"],
     "acre": [
         "view=multiple_choice",
         "prompt=tag",
@@ -89,8 +90,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
     # issue 20 §3: each method's update mechanism acts in the run
     if method == "mdpo":  # 4 full-batch steps; the KL to the sampling policy acts from the second
         assert m["train/optimizer_steps"] == 4.0 and m["mdpo/kl"] > 0 and m["mdpo/kl_coef"] > 1.0
-    if method == "acre":  # every completion was re-asked with shuffled options
-        assert "acre/consistent_frac" in m and "reward/acre/mean" in m
+    if method in ("acre", "georeason_lcr"):  # every completion was re-asked with shuffled options
+        assert "acre/consistent_frac" in m and "reward/acre/mean" in m or "reward/lcr/mean" in m
     if method == "stratified_grpo":  # completions of a group fall into several strata
         assert m["stratified/strata_per_group"] > 1.0
     if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned

@@ -274,7 +274,9 @@ class ShuffleConsistencyReward:
     (``rlexp.rewards.option_shuffle``), the model (``judge``: the policy, as the paper, or the frozen reference)
     finishing greedily; the accuracy term's contribution is replaced by a reward from (correct, same option after the
     shuffle) — ``table``, highest only when both hold. The paper states only that ordering, not the values: the
-    defaults are ours. Appended as reward column ``name``; stats ``acre/consistent_frac`` (agreement over the
+    defaults are ours. With ``replace_accuracy=false`` the table is added to the reward instead (GeoReason's logical
+    consistency reward: a penalty for an answer that drifts under option permutation). Appended as reward column
+    ``name``; stats ``acre/consistent_frac`` (agreement over the
     measured rows), ``acre/correct_consistent_frac``, ``acre/reward_mean``."""
 
     def __init__(
@@ -286,6 +288,7 @@ class ShuffleConsistencyReward:
         max_new_tokens: int = 16,
         batch_size: int = 16,
         name: str = "acre",
+        replace_accuracy: bool = True,
     ):
         table = dict(
             table
@@ -319,11 +322,15 @@ class ShuffleConsistencyReward:
             correct_min,
         )
         self.judge, self.max_new_tokens, self.batch_size, self.name = judge, max_new_tokens, batch_size, name
+        self.replace_accuracy = replace_accuracy
 
     def _generate(self, ctx, texts: list[str]) -> list[str]:
         model = ctx.policy if self.judge == "policy" else getattr(ctx.reference, "model", None)
         if model is None:
-            raise RuntimeError("ShuffleConsistencyReward.judge=reference needs algorithm.reference.kind frozen or ema")
+            raise RuntimeError(
+                f"ShuffleConsistencyReward.judge={self.judge}: no model to re-ask"
+                + (" (algorithm.reference.kind must be frozen or ema)" if self.judge == "reference" else "")
+            )
         out: list[str] = []
         for k in range(0, len(texts), self.batch_size):
             chunk = texts[k : k + self.batch_size]
@@ -364,10 +371,11 @@ class ShuffleConsistencyReward:
         consistent = torch.tensor([c.consistent for c in checks])
         reward = acre_reward(correct, consistent, self.table)
         w = float(batch.reward_weights[j])
-        batch.reward = batch.reward - w * acc  # the ACRE reward takes the accuracy term's place
-        batch.reward_weights = batch.reward_weights.clone()
-        batch.reward_weights[j] = 0.0
-        append_reward_column(batch, self.name, reward, weight=w)
+        if self.replace_accuracy:  # ACRE: the reward takes the accuracy term's place
+            batch.reward = batch.reward - w * acc
+            batch.reward_weights = batch.reward_weights.clone()
+            batch.reward_weights[j] = 0.0
+        append_reward_column(batch, self.name, reward, weight=w if self.replace_accuracy else 1.0)
         s = batch.stats
         s["acre/consistent_frac"] = float(consistent.float().mean())
         s["acre/correct_consistent_frac"] = float((correct & consistent).float().mean())
