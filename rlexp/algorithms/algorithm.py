@@ -119,6 +119,12 @@ class Algorithm:
     # K prompt variants per group, G/K completions each (rlexp.algorithms.prompt_conditions: HBPO's budgets, e1's
     # efforts); the value each row was prompted with is batch.extras["condition"]; null: one prompt per group
     prompt_condition: Any = None
+    # a per-token sampling temperature (rlexp.rollout.temperature: EAD's annealing, HAPO's entropy-adaptive
+    # temperature), settings with ``schedule``; the trainer builds it and hands it to the rollout. null: none
+    sampling_temperature: Any = None
+    # the sampling/policy mismatch correction the method applies (rlexp.algorithms.regularisers.rollout_correction:
+    # ``mode``, ``threshold``; EAD's truncated IS) when trainer.rollout_correction is null; null: none
+    rollout_correction: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -128,8 +134,29 @@ class Algorithm:
         if not isinstance(self.slow_fast, SlowFastSettings):
             self.slow_fast = SlowFastSettings(**dict(self.slow_fast))
         self.group_stages = list(self.group_stages or [])
+        if self.sampling_temperature is not None and not callable(self.sampling_temperature):
+            # settings; the trainer builds the schedule (rlexp.rollout.temperature) and hands it to the rollout
+            self.sampling_temperature = dict(self.sampling_temperature)
+            if self.sampling_temperature.get("schedule") not in ("annealed", "entropy"):
+                raise ValueError(
+                    f"algorithm.sampling_temperature.schedule={self.sampling_temperature.get('schedule')!r} is not "
+                    "one of ['annealed', 'entropy'] (rlexp/rollout/temperature.py)"
+                )
+        if self.rollout_correction is not None and not callable(self.rollout_correction):
+            from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
+
+            cfg = dict(self.rollout_correction)
+            unknown = sorted(set(cfg) - {"mode", "threshold"})
+            if unknown:
+                raise ValueError(f"algorithm.rollout_correction: unknown setting(s) {unknown}; known: mode, threshold")
+            self.rollout_correction = RolloutCorrection(**cfg)
         if self.action_mask is not None and not isinstance(self.action_mask, ActionMaskSettings):
             self.action_mask = ActionMaskSettings(**dict(self.action_mask))
+        if self.action_mask is not None and self.loss_vocab_mean:
+            raise ValueError(
+                "algorithm.action_mask renormalises the policy on a subset of the vocabulary; algorithm.loss reads the "
+                "mean of log π over the whole vocabulary (ROVER): set one"
+            )
         if self.entropy_control is not None:
             if not callable(getattr(self.entropy_control, "token_term", None)):
                 raise ValueError(
@@ -237,9 +264,27 @@ class Algorithm:
         return bool(getattr(_function(self.advantage), "token_entropy", False))
 
     @property
+    def advantage_hidden_rank(self) -> dict | None:
+        """{stride, center}: the estimator reads each completion's hidden-state effective rank and its dynamics
+        (VERL; marked ``hidden_rank = True``); the trainer puts them in ``batch.extras["hidden_rank"]``. None: not
+        needed (no hidden states are kept)."""
+        if not getattr(_function(self.advantage), "hidden_rank", False):
+            return None
+        from rlexp.algorithms.advantages.hidden_rank import hidden_rank_settings
+
+        return hidden_rank_settings(self.advantage)
+
+    @property
     def loss_minp(self) -> float:
         """κ > 0: the loss reads the old policy's min-p proxy log-probs (Lp-Reg), computed in the old forward."""
         return float(getattr(self.loss, "minp", 0.0) or 0.0)
+
+    @property
+    def loss_vocab_mean(self) -> bool:
+        """The loss reads the vocabulary mean of log π at each position (ROVER's uniform valuation of the next state):
+        marked ``vocab_mean = True``; the forward computes it beside the log-probs (the old forward's into
+        ``batch.extras["old_mean_logprobs"]``, the current one's passed to ``token_loss`` as ``vocab_mean_logp``)."""
+        return bool(getattr(self.loss, "vocab_mean", False))
 
     @property
     def entropy_clamp(self) -> float:
@@ -323,6 +368,7 @@ class Algorithm:
         extras: dict[str, torch.Tensor] | None = None,
         support_logp: torch.Tensor | None = None,
         clamped_entropy: torch.Tensor | None = None,
+        vocab_mean_logp: torch.Tensor | None = None,
     ) -> LossOutput:
         """Per-token loss of one micro-batch (before aggregation) and its per-token statistics. ``selected``: this
         micro-batch's slice of the loss's mini-batch token selection (``selects_over_mini_batch``). ``extras``:
@@ -340,6 +386,10 @@ class Algorithm:
             kwargs[key] = extras[key]
         if self.loss_support_k:  # TROLL: the current log-probs on the old policy's support
             kwargs["support_logprobs"] = support_logp
+        if self.loss_vocab_mean:  # ROVER: the current policy's vocabulary mean of log π (no gradient)
+            if vocab_mean_logp is None:
+                raise ValueError("algorithm.loss needs the vocabulary mean of the log-probs (vocab_mean_logp)")
+            kwargs["mean_logprobs"] = vocab_mean_logp.detach()
         if loss_takes_entropy(self.loss):
             if entropy is None:
                 raise ValueError("algorithm.loss needs token entropies")

@@ -63,6 +63,8 @@ def token_logprobs(
     vocab_mask: torch.Tensor | None = None,
     entropy_clamp: float = 0.0,
     minp_proxy: float = 0.0,
+    vocab_mean: bool = False,
+    hidden_out: list | None = None,
 ):
     """(N, T) log π(token) at ``temperature``, and (N, T) token entropies if asked. With
     ``autocast_dtype`` the model's matmuls run in that dtype (weights stay fp32); log-softmax is fp32.
@@ -81,11 +83,21 @@ def token_logprobs(
     ``entropy_clamp`` p > 0 (AEnt's entropy bonus): the third value also holds ``clamped_entropy`` (N, T), with
     gradient, the entropy renormalised on each position's top (1 − p) share of the vocabulary (``clamped_entropy``).
     ``minp_proxy`` κ > 0 (Lp-Reg): the third value holds ``proxy_logp`` (N, T), the token's log-prob under the policy
-    renormalised on the tokens with probability ≥ κ × the position's largest (−1e4 for a token filtered out)."""
-    with torch.autocast(
-        prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+    renormalised on the tokens with probability ≥ κ × the position's largest (−1e4 for a token filtered out).
+    ``vocab_mean`` (ROVER): the third value holds ``mean_logp`` (N, T), no gradient, the mean over the vocabulary of
+    log π(v) at each position (``vocab_mean_logprobs``).
+    ``hidden_out`` (VERL): a list that receives the (N, T, d) final hidden states (the final norm's output) that
+    predict each completion token, from the same forward (no gradient)."""
+    if vocab_mean and vocab_mask is not None:
+        raise ValueError("the vocabulary mean of the log-probs is not defined under an action mask (NLPO)")
+    captured: list[torch.Tensor] = []
+    with (
+        torch.autocast(
+            prompt_ids.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+        ),
+        _capture_final_hidden(model, captured if hidden_out is not None else None),
     ):
-        pieces = None
+        pieces, groups = None, None
         if share_prompts:
             groups = prompt_groups or PromptGroups.from_index(
                 torch.unique(prompt_ids, dim=0, return_inverse=True)[1], prompt_ids.device
@@ -94,17 +106,23 @@ def token_logprobs(
                 pieces = _shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, groups)
         if pieces is None:
             pieces = [completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)]
+    if hidden_out is not None:
+        hidden_out.append(_completion_hidden(captured, prompt_ids.shape[1], groups))
     # per piece of logits (the shared path's first token and the rest: never concatenated, a copy
     # of N × T × V logits), then the small (N, t) results are joined
     logps, entropies, start = [], [], 0
-    sparse = support is not None or topk > 0 or entropy_clamp > 0 or minp_proxy > 0  # a third value comes back
-    full = sparse or vocab_mask is not None
+    # a third value comes back
+    sparse = support is not None or topk > 0 or entropy_clamp > 0 or minp_proxy > 0 or vocab_mean
+    # the full-vocabulary log-softmax (its gradient kept): what needs more than the sampled token's log-prob (ROVER's
+    # vocabulary mean does not: it is taken in chunks, without gradient)
+    full = support is not None or topk > 0 or entropy_clamp > 0 or minp_proxy > 0 or vocab_mask is not None
     extra: dict[str, list] = {
         "support_logp": [],
         "topk_idx": [],
         "topk_logp": [],
         "clamped_entropy": [],
         "proxy_logp": [],
+        "mean_logp": [],
     }
     for logits in pieces:
         tokens = completion_ids[:, start : start + logits.shape[1]]
@@ -125,6 +143,8 @@ def token_logprobs(
                 extra["clamped_entropy"].append(clamped_entropy(scaled, entropy_clamp))
             if minp_proxy > 0:
                 extra["proxy_logp"].append(minp_proxy_logprobs(logp_all, tokens, minp_proxy))
+            if vocab_mean:
+                extra["mean_logp"].append(logp_all.detach().mean(-1))
             if topk > 0:
                 values, ids = logp_all.detach().topk(min(topk, logp_all.shape[-1]), -1)
                 extra["topk_idx"].append(ids)
@@ -134,6 +154,8 @@ def token_logprobs(
             entropies.append(ent)
             continue
         start += logits.shape[1]
+        if vocab_mean:  # chunked, no gradient: no (N, T, V) fp32 tensor
+            extra["mean_logp"].append(vocab_mean_logprobs(logits, temperature))
         if not (with_entropy and entropy_grad and torch.is_grad_enabled()):
             lp, ent = selected_logprobs(logits, tokens, temperature, with_entropy)
         else:  # an entropy bonus needs the entropy's gradient: the plain full-vocabulary form
@@ -148,6 +170,40 @@ def token_logprobs(
     if not sparse:
         return logp, entropy
     return logp, entropy, {k: torch.cat(v, 1) for k, v in extra.items() if v}
+
+
+class _capture_final_hidden:
+    """Context: a forward hook on the model's final norm (``model.get_decoder().norm``, Llama / Qwen families) that
+    appends its outputs, detached, to ``into``; nothing when ``into`` is None."""
+
+    def __init__(self, model, into: list | None):
+        self.model, self.into, self.handle = model, into, None
+
+    def __enter__(self):
+        if self.into is None:
+            return self
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        norm = getattr(decoder, "norm", None)
+        if norm is None:
+            raise ValueError("hidden states (VERL): the model has no final norm at model.get_decoder().norm")
+        into = self.into
+        self.handle = norm.register_forward_hook(lambda _m, _i, out: into.append(out.detach()))
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            self.handle.remove()
+        return False
+
+
+def _completion_hidden(captured: list[torch.Tensor], prompt_len: int, groups: PromptGroups | None) -> torch.Tensor:
+    """(N, T, d) the final hidden states predicting each completion token, from the final norm's outputs: of the
+    unshared forward (N, P + T, d), or (``groups``) of the shared prompts (U, P, d) and the completions
+    (N, T − 1, d)."""
+    if groups is None:
+        return captured[0][:, prompt_len - 1 : -1]
+    first = captured[0][:, -1][groups.inverse].unsqueeze(1)  # each row's prompt's last position
+    return torch.cat([first, *captured[1:]], 1)
 
 
 def clamped_entropy(scaled_logits: torch.Tensor, clamp: float) -> torch.Tensor:
@@ -167,6 +223,27 @@ def clamped_entropy(scaled_logits: torch.Tensor, clamp: float) -> torch.Tensor:
     logp = torch.log_softmax(x.masked_fill(~keep, float("-inf")), -1)
     logp = torch.where(keep, logp, torch.zeros_like(logp))  # 0·(−inf) would make the gradient NaN
     return -(logp.exp() * keep * logp).sum(-1)
+
+
+@torch.no_grad()
+def vocab_mean_logprobs(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_elements: int | None = None
+) -> torch.Tensor:
+    """(…) mean over the vocabulary of log softmax(logits / τ), fp32, no gradient: mean_v x_v − logsumexp_v x_v with
+    x = logits / τ (ROVER, "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards", 2025: the
+    uniform policy's average of Q = ρ·(log π_θ − log π_old) over the next state's actions is ρ times the difference of
+    this mean under the two policies). Chunked over rows like ``selected_logprobs``."""
+    V = logits.shape[-1]
+    if chunk_elements is None:
+        chunk_elements = 2**26 if logits.is_cuda else 2**18
+    chunk = max(1, chunk_elements // V)
+    flat = logits.reshape(-1, V)
+    ct = torch.promote_types(logits.dtype, torch.float32)
+    out = torch.empty(flat.shape[0], dtype=ct, device=logits.device)
+    for s in range(0, flat.shape[0], chunk):
+        x = _scaled(flat[s : s + chunk], ct, temperature)
+        out[s : s + chunk] = x.mean(-1) - torch.logsumexp(x, -1)
+    return out.view(logits.shape[:-1])
 
 
 def minp_proxy_logprobs(logp_all: torch.Tensor, tokens: torch.Tensor, kappa: float) -> torch.Tensor:

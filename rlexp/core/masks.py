@@ -35,8 +35,17 @@ CONDITION = "condition"
 # (N, T) the sampled token's log-prob under the old policy's min-p proxy (Lp-Reg): the policy renormalised on the tokens
 # whose probability is at least κ × the position's largest (−1e4 where the token itself is filtered out)
 PROXY_LOGPROBS = "proxy_logprobs"
+# (N, T) the old policy's mean over the vocabulary of log π(v) at each position (ROVER's uniform valuation of the next
+# state), set by the trainer in the old log-probs' forward for a loss with ``vocab_mean = True``
+OLD_MEAN_LOGPROBS = "old_mean_logprobs"
 # (N,) per-row weight of the KL term in the loss (APO's difficulty-adaptive KL), set by the advantage estimator
 KL_ROW_WEIGHTS = "kl_row_weights"
+# (N, T) per-token loss weight beside the per-row ``loss_mask``: group stages that drop single positions from the loss
+# (AdaCoT's Selective Loss Masking of the CoT decision token); absent: every completion token enters
+TOKEN_LOSS_MASK = "token_loss_mask"
+# (N, 3) float: [effective rank, its velocity, its acceleration] of each completion's final hidden states under the
+# policy the step's update starts from (VERL); set by the trainer for an advantage estimator marked ``hidden_rank``
+HIDDEN_RANK = "hidden_rank"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:
@@ -49,6 +58,9 @@ def loss_mask(batch) -> torch.Tensor:
     """(N, T) mask of the tokens that enter the loss."""
     mask = batch.completion_mask
     rows = batch.extras.get(LOSS_MASK)
+    tokens = batch.extras.get(TOKEN_LOSS_MASK)
+    if tokens is not None:
+        mask = mask * tokens[:, : mask.shape[1]].to(device=mask.device, dtype=mask.dtype)
     if rows is None:
         return mask
     return mask * rows.to(device=mask.device, dtype=mask.dtype)[:, None]

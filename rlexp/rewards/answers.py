@@ -126,13 +126,22 @@ def first_answer(cut: str, continuation: str) -> str:
 _LETTER = re.compile(r"^[\s({\[]*(?:\\text(?:bf)?\{)?\s*\(?([A-Z])\)?(?:\}|\b|$)")
 
 
-def choice_letter(ans: str | None, letters: str = "ABCD") -> str | None:
+def choice_letter(ans: str | None, letters: str = "ABCD", options: list[str] | None = None) -> str | None:
     """A stated multiple-choice answer reduced to its letter: ``C``, ``(C)``, ``C) 42``, ``\\text{(C)}`` all give
-    ``C``; None when it does not start with one of ``letters``."""
+    ``C``. With ``options`` (the record's, in letter order) an answer that states an option's content instead
+    (``42``; math-equivalent for numbers, else equal up to case and spaces) gives that option's letter — a small
+    model often answers with the value. None when neither matches."""
     if ans is None:
         return None
     m = _LETTER.match(ans.strip())
-    return m.group(1) if m and m.group(1) in letters else None
+    if m and m.group(1) in letters:
+        return m.group(1)
+    if options:
+        norm = " ".join(ans.strip().casefold().split())
+        for j, o in enumerate(options[: len(letters)]):
+            if norm == " ".join(str(o).strip().casefold().split()) or math_equal(ans, str(o)):
+                return letters[j]
+    return None
 
 
 def normalize_number(ans: str) -> str:

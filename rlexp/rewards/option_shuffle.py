@@ -31,7 +31,8 @@ def shuffle_recheck(
 ) -> list[ShuffleCheck | None]:
     """One ``ShuffleCheck`` per multiple-choice row (``metadata.options``), None for other rows. ``extract`` gives the
     answer stated in ``answer_format``; ``generate(texts)`` continues each text (prompt with the shuffled question +
-    the completion's reasoning up to its answer marker). A row without a stated letter, or whose prompt does not
+    the completion's reasoning up to its answer marker). An answer may name its option by letter or by content
+    (``choice_letter``). A row without a stated letter, or whose prompt does not
     contain its question verbatim, is inconsistent and not re-asked."""
     out: list[ShuffleCheck | None] = [None] * len(completions)
     asks = []  # (row, text to continue, cut, moved options)
@@ -41,7 +42,7 @@ def shuffle_recheck(
             continue
         letters = meta.get("letters", "ABCD")
         span = answer_span(completion, answer_format)
-        chosen = choice_letter(extract(completion), letters) if span is not None else None
+        chosen = choice_letter(extract(completion), letters, meta["options"]) if span is not None else None
         first = meta["options"][letters.index(chosen)] if chosen is not None else None
         out[i] = ShuffleCheck(first, None, None, False)
         if first is None or record["question"] not in prompt:
@@ -52,7 +53,7 @@ def shuffle_recheck(
     texts = generate([a[1] for a in asks]) if asks else []
     for (i, _, cut, moved), text in zip(asks, texts):
         letters = records[i]["metadata"].get("letters", "ABCD")
-        again = choice_letter(extract(first_answer(cut, text)), letters)
+        again = choice_letter(extract(first_answer(cut, text)), letters, moved)
         picked = moved[letters.index(again)] if again is not None and letters.index(again) < len(moved) else None
         out[i] = ShuffleCheck(out[i].first_option, again, picked, picked == out[i].first_option)
     return out

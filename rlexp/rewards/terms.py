@@ -77,9 +77,9 @@ def check_answer(answer: str | None, record: dict) -> float:
         return float(math_equal(answer, record["answer"]))
     if scorer == "exact":
         return float(answer.strip() == record["answer"].strip())
-    if scorer == "choice":  # the multiple-choice view (rlexp.data.multiple_choice): the stated option's letter
-        letters = (record.get("metadata") or {}).get("letters", "ABCD")
-        return float(choice_letter(answer, letters) == record["answer"])
+    if scorer == "choice":  # the multiple-choice view (rlexp.data.multiple_choice): the option, by letter or content
+        meta = record.get("metadata") or {}
+        return float(choice_letter(answer, meta.get("letters", "ABCD"), meta.get("options")) == record["answer"])
     raise ValueError(f"unknown scorer {scorer!r} in record {record.get('id')}")
 
 

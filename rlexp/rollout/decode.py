@@ -47,6 +47,7 @@ import logging
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -62,6 +63,9 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     greedy: bool = False
+    # a per-token temperature schedule (rlexp.rollout.temperature; EAD, HAPO): called at each step with the logits
+    # and the step, it gives each row's temperature; None: ``temperature`` everywhere (the default path)
+    token_temperature: Any = None
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -160,12 +164,15 @@ def sample_categorical(
 
 
 def pick_tokens(
-    logits: torch.Tensor, s: Sampling, uniform: torch.Tensor | None = None
+    logits: torch.Tensor, s: Sampling, uniform: torch.Tensor | None = None, temperature: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens (N,) and their log-probs (N,) under softmax(logits / temperature); ``uniform``: (N, 1)
-    draws to sample with (inverse CDF; ``sample_categorical``)."""
+    draws to sample with (inverse CDF; ``sample_categorical``). ``temperature``: (N,) per-row temperatures of this
+    step (a ``token_temperature`` schedule's), used instead of ``s.temperature``."""
     scaled = logits.float()
-    if s.temperature != 1.0:
+    if temperature is not None:
+        scaled = scaled / temperature.to(scaled.dtype)[:, None]
+    elif s.temperature != 1.0:
         scaled = scaled / s.temperature
     logp = torch.log_softmax(scaled, -1)
     if s.greedy:
@@ -318,6 +325,7 @@ class DecodeLoop:
         self._steps: dict = {}
         self._states: dict = {}
         self.last_stats: dict = {}  # of the last eager run: peak KV-cache megabytes, micro-group rounds
+        self.last_temperatures: torch.Tensor | None = None  # (N, T) per-token temperatures of the last run, if any
 
     # ---- pieces ----------------------------------------------------------------------------------
     def _static_cache(self, model, batch: int, length: int):
@@ -425,6 +433,12 @@ class DecodeLoop:
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         last = last_position(P, device)
 
+        self.last_temperatures = None
+        if self.graph in CAPTURED and sampling.token_temperature is not None and not sampling.greedy:
+            raise ValueError(
+                f"decode graph {self.graph!r} samples at one temperature: a per-token temperature "
+                "(algorithm.sampling_temperature / rollout.token_temperature) needs the eager loop"
+            )
         if self.graph in CAPTURED:
             if micro_group or row_streams or budgets is not None or action_mask is not None:
                 raise ValueError(
@@ -494,13 +508,18 @@ class DecodeLoop:
             del cache
         self.last_stats = {"kv_cache_mb": peak / 2**20, "micro_groups": float(len(rounds))}
         if len(rounds) == 1:
+            self.last_temperatures = rounds[0][3]
             return rounds[0][1], rounds[0][2]
         T = max(r[1].shape[1] for r in rounds)
         tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(B, T, dtype=torch.float, device=device)
-        for rows, tok, lp in rounds:
+        temps = torch.zeros(B, T, dtype=torch.float, device=device) if rounds[0][3] is not None else None
+        for rows, tok, lp, tmp in rounds:
             tokens[rows, : tok.shape[1]] = tok
             logprobs[rows, : lp.shape[1]] = lp
+            if temps is not None:
+                temps[rows, : tmp.shape[1]] = tmp
+        self.last_temperatures = temps
         return tokens, logprobs
 
     def _decode(
@@ -520,19 +539,26 @@ class DecodeLoop:
         budgets,
         stepper=None,
     ):
-        """The token loop over a prefilled cache of N rows: (N, t) tokens and log-probs, t ≤ ``max_new_tokens``."""
+        """The token loop over a prefilled cache of N rows: (N, t) tokens and log-probs, t ≤ ``max_new_tokens``, and
+        the (N, t) temperatures of a per-token schedule (``sampling.token_temperature``; else None)."""
         device = logits.device
         N = logits.shape[0]
         done = torch.zeros(N, dtype=torch.bool, device=device)
         tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(N, max_new_tokens, dtype=torch.float, device=device)
+        schedule = None if sampling.greedy else sampling.token_temperature
+        temps = torch.zeros(N, max_new_tokens, dtype=torch.float, device=device) if schedule is not None else None
+        temp = None
         cache_positions = torch.arange(P, P + max_new_tokens, device=device)
         check_every = self.stop_check_every if device.type == "cuda" else 1
         t = 0
         while True:
             if stepper is not None:  # NLPO: only the masking model's top-p tokens
                 logits = stepper.apply(logits)
-            tok, lp = pick_tokens(logits, sampling, None if noise is None else noise[:, t : t + 1])
+            if schedule is not None:  # this step's per-row temperatures (EAD's position schedule, HAPO's entropy)
+                temp = schedule(logits, t, sampling.temperature)
+                temps[:, t] = temp
+            tok, lp = pick_tokens(logits, sampling, None if noise is None else noise[:, t : t + 1], temp)
             tok = tok.masked_fill(done, pad_id)
             tokens[:, t] = tok
             logprobs[:, t] = lp.masked_fill(done, 0.0)
@@ -555,7 +581,7 @@ class DecodeLoop:
                 use_cache=True,
             )
             logits = out.logits[:, -1]
-        return tokens[:, :t], logprobs[:, :t]
+        return tokens[:, :t], logprobs[:, :t], None if temps is None else temps[:, :t]
 
     def _run_captured(self, model, prompt_ids, G, max_new_tokens, T, eos_ids, pad_id, sampling, mask, positions, last):
         """``run`` with the captured steps; ``T``: ``max_new_tokens`` rounded up to whole blocks of k."""

@@ -20,6 +20,25 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlexp.rollout.decode import CAPTURED, GRAPHS, DecodeLoop, Sampling
 from rlexp.rollout.speculative import RolloutCache, SpeculativeReuse, accepted_lengths
+from rlexp.rollout.temperature import build_token_temperature
+
+
+class TokenTemperatureProcessor(LogitsProcessor):
+    """engine=generate with a per-token temperature schedule: divides each row's scores by τ_t / T before the
+    recorder (which records log-softmax(scores / T), i.e. of logits / τ_t) and transformers' temperature warper
+    (÷ T), so the sampled distribution is softmax(logits / τ_t). Keeps each step's (N,) temperatures."""
+
+    def __init__(self, schedule, temperature: float, prompt_width: int):
+        self.schedule, self.temperature, self.prompt_width = schedule, temperature, prompt_width
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        temps = self.schedule(scores, input_ids.shape[1] - self.prompt_width, self.temperature)
+        self.steps.append(temps)
+        return scores.float() / (temps / self.temperature)[:, None]
+
+    def temperatures(self) -> torch.Tensor | None:
+        return torch.stack(self.steps, 1) if self.steps else None
 
 
 class SampledLogprobRecorder(LogitsProcessor):
@@ -52,6 +71,7 @@ class RolloutOutput:
     truncated: torch.Tensor
     texts: list[str]
     stats: dict = field(default_factory=dict)  # per-rollout scalars for the trainer's metrics
+    temperatures: torch.Tensor | None = None  # (N, T) per-token sampling temperatures (a token_temperature schedule)
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +122,10 @@ class HFRollout:
         decode_graph: str | None = "compile",
         micro_group_size: int = 0,
         speculative_reuse: dict | None = None,
+        token_temperature: dict | None = None,
     ):
         self.action_mask = None  # NLPO's TopPActionMask, set by the trainer (both engines; not speculative reuse)
+        self._token_temperature = None
         if engine not in ENGINES:
             raise ValueError(f"rollout.engine={engine!r} is not one of {list(ENGINES)}")
         if cache_implementation not in (None, "static", "dynamic") and engine == "loop":
@@ -148,12 +170,34 @@ class HFRollout:
                     f"rollout.{key} needs rollout.engine=loop without a captured decode graph "
                     f"(got engine={engine!r}, decode_graph={decode_graph!r})"
                 )
+        # a per-token temperature schedule (rlexp.rollout.temperature: EAD, HAPO); the trainer sets the method's
+        self.token_temperature = build_token_temperature(token_temperature, "rollout.token_temperature")
         if self.speculative and (top_k or top_p < 1.0):
             raise ValueError(
                 "rollout.speculative_reuse.enabled: the cached draft log-probs are those of softmax(logits / "
                 f"temperature), not of a top-k/top-p filtered distribution; set rollout.top_k=0 and rollout.top_p=1.0 "
                 f"(got {top_k}, {top_p})"
             )
+
+    @property
+    def token_temperature(self):
+        """The per-token temperature schedule sampled with (None: ``temperature`` everywhere)."""
+        return self._token_temperature
+
+    @token_temperature.setter
+    def token_temperature(self, schedule) -> None:
+        if schedule is not None:
+            if self.speculative is not None:
+                raise ValueError(
+                    "a per-token temperature (algorithm.sampling_temperature / rollout.token_temperature) cannot be "
+                    "used with rollout.speculative_reuse (its drafts' log-probs are at the one rollout temperature)"
+                )
+            if self._loop is not None and self._loop.graph in CAPTURED:
+                raise ValueError(
+                    f"a per-token temperature (algorithm.sampling_temperature / rollout.token_temperature) needs the "
+                    f"eager decode loop: rollout.decode_graph={self._loop.graph!r} captures one temperature"
+                )
+        self._token_temperature = schedule
 
     @property
     def shadow(self):
@@ -234,14 +278,21 @@ class HFRollout:
                 )
                 for i in range(0, len(prompts), per_call)
             ]
-            return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+            return self._with_temperature_stats(parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id))
         rows = [p for p in prompts for _ in range(num_generations)]
         step = self.micro_batch or len(rows)
         parts = [
             self._generate(model, tokenizer, rows[i : i + step], greedy, max_new_tokens or self.max_new_tokens)
             for i in range(0, len(rows), step)
         ]
-        return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+        return self._with_temperature_stats(parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id))
+
+    def _with_temperature_stats(self, out: RolloutOutput) -> RolloutOutput:
+        """The per-token temperatures' metrics (``<method>/temperature_*``) in ``out.stats``, when sampled with some."""
+        if out.temperatures is not None and self._token_temperature is not None:
+            temps = out.temperatures.to(out.completion_mask.device)
+            out.stats = {**out.stats, **self._token_temperature.stats(temps, out.completion_mask)}
+        return out
 
     def _rows_per_prompt(self, num_generations: int) -> int:
         """Completions of one prompt decoded together (a micro group, else the group)."""
@@ -262,7 +313,13 @@ class HFRollout:
 
     def _generate_loop(self, model, tokenizer, prompts, num_generations, greedy, max_new_tokens) -> RolloutOutput:
         enc, eos_ids = self._encode(model, tokenizer, prompts)
-        sampling = Sampling(self.temperature, 0 if greedy else self.top_k, 1.0 if greedy else self.top_p, greedy)
+        sampling = Sampling(
+            self.temperature,
+            0 if greedy else self.top_k,
+            1.0 if greedy else self.top_p,
+            greedy,
+            None if greedy else self._token_temperature,
+        )
         was_training = model.training
         model.eval()
         completion, logprobs = self._loop.run(
@@ -289,6 +346,7 @@ class HFRollout:
             eos_ids,
         )
         out.stats = {f"rollout/{k}": v for k, v in self._loop.last_stats.items()}
+        out.temperatures = self._loop.last_temperatures
         return out
 
     def _sampling(self, greedy: bool = False) -> Sampling:
@@ -317,6 +375,53 @@ class HFRollout:
             toks.append(t)
             lps.append(lp)
         return _pad_right(toks, pad_id), _pad_right(lps, 0.0)
+
+    @torch.no_grad()
+    def generate_from_ids(
+        self, model, tokenizer, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, use_shadow: bool = True
+    ) -> RolloutOutput:
+        """One sampled continuation of each left-padded token-id context (U, P) — AnytimeReasoner's budget summaries
+        (``rlexp.algorithms.group_stages.anytime``): a prompt, a truncated reasoning and an end-of-thinking marker,
+        as ids, so the reasoning's sampled tokens are never re-tokenised. Sampled at the rollout's temperature (and
+        top-k/top-p), ``max_new_tokens`` at most; the output's prompt fields are the contexts."""
+        if use_shadow:
+            model = self.inference_model(model)
+        eos = model.generation_config.eos_token_id
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id]
+        pad = tokenizer.pad_token_id
+        m = self.pad_to_multiple_of
+        if m and ids.shape[1] % m:  # bucket the context width as the prompts' (bounds compiled shapes)
+            extra = m - ids.shape[1] % m
+            ids = torch.nn.functional.pad(ids, (extra, 0), value=pad)
+            mask = torch.nn.functional.pad(mask, (extra, 0), value=0)
+        was_training = model.training
+        model.eval()
+        try:
+            if self._loop is not None:
+                completion, logprobs = self._decode_rows(model, ids, mask, 1, max_new_tokens, eos_ids, pad)
+            else:
+                recorder = SampledLogprobRecorder(self.temperature)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=eos_ids,
+                    logits_processor=LogitsProcessorList([recorder]),
+                    do_sample=True,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    top_k=self.top_k or None,
+                )
+                completion = out[:, ids.shape[1] :]
+                logprobs = (
+                    recorder.finish(completion[:, -1])
+                    if completion.shape[1]
+                    else torch.zeros_like(completion, dtype=torch.float)
+                )
+        finally:
+            model.train(was_training)
+        return _finish(tokenizer, ids, mask, completion, logprobs, eos_ids)
 
     def _generate_speculative(self, model, tokenizer, prompts, G, max_new_tokens) -> RolloutOutput:
         """SPEC-RL (``rlexp.rollout.speculative``): prompts without cached drafts are decoded as usual; the others'
@@ -431,6 +536,10 @@ class HFRollout:
         enc, eos_ids = self._encode(model, tokenizer, rows)
         recorder = SampledLogprobRecorder(self.temperature)
         processors = [recorder]
+        scheduled = None  # a per-token temperature schedule: before the recorder, which then records log π_τt
+        if self._token_temperature is not None and not greedy:
+            scheduled = TokenTemperatureProcessor(self._token_temperature, self.temperature, enc["input_ids"].shape[1])
+            processors.insert(0, scheduled)
         mask = getattr(self, "action_mask", None)  # NLPO: sampling restricted to the masking policy's top-p
         if mask is not None and not greedy:
             processors.insert(0, mask.processor(enc["attention_mask"]))  # before the recorder: renormalised log-probs
@@ -456,7 +565,10 @@ class HFRollout:
             if completion.shape[1]
             else torch.zeros_like(completion, dtype=torch.float)
         )
-        return _finish(tokenizer, enc["input_ids"], enc["attention_mask"], completion, logprobs, eos_ids)
+        out = _finish(tokenizer, enc["input_ids"], enc["attention_mask"], completion, logprobs, eos_ids)
+        if scheduled is not None:
+            out.temperatures = scheduled.temperatures()
+        return out
 
 
 def _finish(tokenizer, prompt_ids, prompt_mask, completion, logprobs, eos_ids) -> RolloutOutput:
@@ -494,4 +606,5 @@ def _concat(parts: list[RolloutOutput], pad_id: int) -> RolloutOutput:
         torch.cat([p.truncated for p in parts]),
         [t for p in parts for t in p.texts],
         {k: max(p.stats.get(k, 0.0) for p in parts) for k in parts[0].stats},  # per call: the largest
+        pad([p.temperatures for p in parts], False) if all(p.temperatures is not None for p in parts) else None,
     )

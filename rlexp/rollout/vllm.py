@@ -57,6 +57,20 @@ class VLLMRollout:
         )
         self.llm = None
 
+    @property
+    def token_temperature(self):
+        """vLLM samples each request at one temperature: no per-token schedule (always None)."""
+        return None
+
+    @token_temperature.setter
+    def token_temperature(self, schedule) -> None:
+        if schedule is not None:
+            raise ValueError(
+                "rollout=vllm samples at one temperature per request and returns no per-token temperatures: a "
+                "per-token temperature (algorithm.sampling_temperature: EAD, HAPO) needs rollout=hf (engine loop or "
+                "generate)"
+            )
+
     def _engine(self, model):
         if self.llm is None:
             try:

@@ -21,8 +21,10 @@ from rlexp.algorithms.regularisers.rollout_correction import RolloutCorrection
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import (
     CONDITION,
+    HIDDEN_RANK,
     IS_WEIGHTS,
     KL_PENALTY,
+    OLD_MEAN_LOGPROBS,
     PRECEDENT,
     PROXY_LOGPROBS,
     SUPPORT_IDX,
@@ -162,6 +164,18 @@ class Trainer:
             a = algorithm.action_mask
             self.action_mask = TopPActionMask(model, a.top_p, a.sync_every)
             rollout.action_mask = self.action_mask
+        if algorithm.sampling_temperature is not None:  # EAD, HAPO: the rollout samples at per-token temperatures
+            if not hasattr(rollout, "token_temperature"):
+                raise ValueError(
+                    f"algorithm.sampling_temperature needs a rollout with per-token temperatures (rollout=hf); "
+                    f"{type(rollout).__name__} has none"
+                )
+            from rlexp.rollout.temperature import build_token_temperature
+
+            # refused by the rollout when it cannot (vllm, a captured decode graph, speculative reuse)
+            rollout.token_temperature = build_token_temperature(
+                algorithm.sampling_temperature, "algorithm.sampling_temperature"
+            )
         self.consistency = consistency  # evaluation.consistency.ConsistencyMeter: per-step consistency rates
         if consistency is not None:
             consistency.bind(model, self.reference)
@@ -219,9 +233,15 @@ class Trainer:
         )
         recompute = settings.recompute_old_logprobs
         self.recompute_old_logprobs = off_policy if recompute is None else (recompute and off_policy)
+        if getattr(rollout, "token_temperature", None) is not None and off_policy:
+            # the sampler's log-probs are at its per-token temperatures, not the policy's: the ratio needs the policy's
+            self.recompute_old_logprobs = True
         self.correction = None  # train-inference mismatch correction: needs the trainer's own old log-probs
         if settings.rollout_correction:
             self.correction = RolloutCorrection(settings.rollout_correction, settings.rollout_correction_threshold)
+            self.recompute_old_logprobs = True
+        elif algorithm.rollout_correction is not None:  # the method's own correction (EAD's truncated IS)
+            self.correction = algorithm.rollout_correction
             self.recompute_old_logprobs = True
         self.ahead = None  # one-step-off-policy rollouts (trainer.async_rollout): the rollout in flight
         if algorithm.prompt_condition is not None:  # HBPO's budgets, e1's efforts: K prompt variants, G/K each
@@ -336,6 +356,9 @@ class Trainer:
         timings = {}
         t0 = time.perf_counter()
         self.algo.on_step(step, self.s.max_steps)  # parts scheduled over training (MDPO's step size)
+        schedule = getattr(self.rollout, "token_temperature", None)  # per-token temperatures (EAD's decay grows)
+        if schedule is not None:
+            schedule.on_step(step, self.s.max_steps)
         self._next_group = 0
         if self.ahead is None:
             batch = self.rollout_and_score(self.sampler.next_batch())
@@ -412,10 +435,16 @@ class Trainer:
         # per-token quantities of the weights this update starts from, in the old log-probs' forward: the token
         # entropies (GTPO, GRPO-S) and the min-p proxy's log-probs (Lp-Reg)
         token_out = {}
-        if self.algo.advantage_needs_entropy:
+        if self.algo.advantage_needs_entropy or getattr(schedule, "needs_entropy", False):
             token_out["entropy"] = batch.extras[TOKEN_ENTROPY] = torch.zeros_like(batch.sampling_logprobs)
         if self.algo.loss_minp:
             token_out["proxy_logp"] = batch.extras[PROXY_LOGPROBS] = torch.zeros_like(batch.sampling_logprobs)
+        if self.algo.loss_vocab_mean:  # ROVER: the old policy's vocabulary mean of log π at each position
+            token_out["mean_logp"] = batch.extras[OLD_MEAN_LOGPROBS] = torch.zeros_like(batch.sampling_logprobs)
+        hidden_rank = self.algo.advantage_hidden_rank  # VERL: the completions' hidden-state effective ranks
+        if hidden_rank is not None:
+            rows = torch.zeros(len(batch), 3, device=batch.sampling_logprobs.device)
+            token_out["hidden_rank"] = batch.extras[HIDDEN_RANK] = rows
         recompute = (self.recompute_old_logprobs and not on_policy_now) or support_k
         if token_out or recompute:  # one no-grad forward of the weights the update starts from
             old = batch_logprobs(
@@ -430,7 +459,10 @@ class Trainer:
                 action_mask=self.action_mask,
                 token_out=token_out,
                 minp=self.algo.loss_minp,
+                hidden_rank=hidden_rank,
             )
+        if getattr(schedule, "needs_entropy", False):  # HAPO's sampler: this step's entropy statistics, for the next
+            schedule.observe(batch.extras[TOKEN_ENTROPY], batch.completion_mask)
         if recompute:
             if support_k:
                 from rlexp.algorithms.losses.trust_region import sparse_support
@@ -535,10 +567,12 @@ class Trainer:
     @property
     def stateful_parts(self) -> list:
         """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
-        masking policy, then the entropy bonus's coefficient."""
+        masking policy, then the entropy bonus's coefficient, then a per-token temperature's statistics (HAPO)."""
         masking = [self.action_mask] if self.action_mask is not None else []
         bonus = [self.algo.entropy_control] if self.algo.entropy_control is not None else []
-        return [*self.algo.group_stages, *masking, *bonus]
+        schedule = getattr(self.rollout, "token_temperature", None)
+        temperature = [schedule] if hasattr(schedule, "state_dict") else []
+        return [*self.algo.group_stages, *masking, *bonus, *temperature]
 
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:

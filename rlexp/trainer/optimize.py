@@ -59,12 +59,19 @@ def batch_logprobs(
     action_mask=None,
     token_out: dict[str, torch.Tensor] | None = None,
     minp: float = 0.0,
+    hidden_rank: dict | None = None,
 ):
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad). With ``topk`` K > 0 also the
     (N, T, K) ids and log-probs of each position's K most likely tokens (TROLL's old support): a triple.
     ``token_out``: (N, T) tensors filled in the same forward — ``entropy`` (the token entropies: GTPO) and
-    ``proxy_logp`` (the sampled token's log-prob under the min-p proxy with threshold ``minp``: Lp-Reg)."""
+    ``proxy_logp`` (the sampled token's log-prob under the min-p proxy with threshold ``minp``: Lp-Reg) and
+    ``mean_logp`` (the vocabulary mean of the log-probs at each position: ROVER); and the (N, 3) ``hidden_rank``
+    (VERL: each completion's hidden-state effective rank, its velocity and acceleration, with ``hidden_rank``'s
+    {stride, center}; ``rlexp.algorithms.advantages.hidden_rank.rank_statistics``)."""
     token_out = token_out or {}
+    hidden = [] if "hidden_rank" in token_out else None
+    if hidden is not None:
+        from rlexp.algorithms.advantages.hidden_rank import rank_statistics
     out = torch.zeros_like(batch.sampling_logprobs)
     if topk > 0:
         n, t = out.shape
@@ -87,12 +94,19 @@ def batch_logprobs(
             vocab_mask=action_mask.vocab_mask(p, pm, c, cm, autocast_dtype) if action_mask is not None else None,
             with_entropy="entropy" in token_out,
             minp_proxy=minp if "proxy_logp" in token_out else 0.0,
+            vocab_mean="mean_logp" in token_out,
+            hidden_out=hidden,
         )
         out[mb.dev_idx, :end] = res[0] * cm
+        if hidden is not None:  # reduced per micro-batch: the hidden states are never kept for the whole batch
+            stats = rank_statistics(hidden.pop(), cm, hidden_rank["stride"], hidden_rank["center"])
+            token_out["hidden_rank"][mb.dev_idx] = stats.to(token_out["hidden_rank"].dtype)
         if "entropy" in token_out:
             token_out["entropy"][mb.dev_idx, :end] = res[1].to(out.dtype) * cm
         if "proxy_logp" in token_out:
             token_out["proxy_logp"][mb.dev_idx, :end] = res[2]["proxy_logp"].to(out.dtype) * cm
+        if "mean_logp" in token_out:
+            token_out["mean_logp"][mb.dev_idx, :end] = res[2]["mean_logp"].to(out.dtype) * cm
         if topk > 0:
             k = res[2]["topk_idx"].shape[-1]
             top_idx[mb.dev_idx, :end, :k] = res[2]["topk_idx"]
@@ -217,6 +231,7 @@ def policy_update(
                     support=support,
                     vocab_mask=vmask,
                     entropy_clamp=algo.entropy_clamp,
+                    vocab_mean=algo.loss_vocab_mean,
                 )
                 logp, entropy = res[0], res[1]
                 support_logp = res[2]["support_logp"] if support is not None else None
@@ -240,7 +255,10 @@ def policy_update(
                         for k in algo.token_loss_extras
                         if (v := part.extras.get(k)) is not None
                     }
-                out = algo.token_loss(logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp, clamped)
+                mean_lp = res[2]["mean_logp"] if algo.loss_vocab_mean else None  # ROVER: the next state's valuation
+                out = algo.token_loss(
+                    logp, old_lp, adv, lm, entropy, ref_lp, sel, extras, support_logp, clamped, vocab_mean_logp=mean_lp
+                )
                 per_token = out.per_token
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]

@@ -74,6 +74,11 @@ def test_choice_scorer_reads_the_letter():
     assert check_answer("B", rec) == 1.0 and check_answer("(B) 15", rec) == 1.0
     assert check_answer("C", rec) == 0.0 and check_answer("15", rec) == 0.0
     assert choice_letter("\\text{(D)}") == "D" and choice_letter("E", "ABCD") is None
+    # an answer that states an option's content counts as that option
+    with_opts = {**rec, "metadata": {"letters": "ABCD", "options": ["12", "15", "9", "red car"]}}
+    assert check_answer("15", with_opts) == 1.0 and check_answer("15.0", with_opts) == 1.0
+    assert check_answer("12", with_opts) == 0.0 and check_answer("14", with_opts) == 0.0
+    assert choice_letter("Red  Car", "ABCD", ["12", "15", "9", "red car"]) == "D"
 
 
 def test_reshuffle_moves_every_option():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from rlexp.algorithms.advantages.group import normalize_rewards
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import TOKEN_ENTROPY
 from rlexp.core.registry import ADVANTAGES
@@ -191,3 +192,39 @@ def egsw(
 
 
 egsw.token_entropy = True
+
+
+@ADVANTAGES.register
+def aepo(
+    batch: RolloutBatch,
+    alpha: float = 0.2,
+    scale: str = "group",
+    eps: float = 1e-6,
+    singleton: str = "zero",
+) -> torch.Tensor:
+    """(N, T) AEPO's entropy-aware advantage ("Agentic Entropy-Balanced Policy Optimization", Dong et al., 2025; arXiv
+    2510.14545): GRPO's advantage A_i (``scale``, ``eps``, ``singleton`` as ``grpo``) times 1 + α·z_{i,t}, with z the
+    token entropy standardised over the batch's valid tokens, z = (H − mean) / std (Bessel std; a zero std counts as
+    1, as the released code; we also count a std below 1e-6, the rounding of equal entropies, as 1), so
+    high-uncertainty tokens get a larger share of the update and confident ones a smaller one, whatever the sign of A.
+    α = 0.2 in the released code (``enable_entropy_balanced_advantage`` in
+    ``compute_policy_loss_entropy_balanced_clipping``). There the entropies are the training forward's, standardised
+    over each micro-batch; ours are those of the policy the update starts from (``batch.extras["token_entropy"]``,
+    the same as the first optimiser step's), standardised over the whole rollout batch, so micro-batching does not
+    change them. Stat: ``aepo/entropy_adv_abs_mean``, the mean |A·α·z| over valid tokens (the entropy term's part)."""
+    if alpha < 0:
+        raise ValueError(f"algorithm.advantage.alpha={alpha} must be >= 0")
+    adv = normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps, singleton=singleton)
+    mask = batch.completion_mask.float()
+    h = _token_entropy(batch)
+    valid = h[mask.bool()]
+    mean = valid.mean() if valid.numel() else h.new_zeros(())
+    std = valid.std() if valid.numel() > 1 else h.new_zeros(())
+    std = torch.where(std > 1e-6, std, torch.ones_like(std))  # equal entropies (up to rounding): z = 0
+    z = (h - mean) / std * mask
+    shift = adv[:, None] * alpha * z
+    batch.stats["aepo/entropy_adv_abs_mean"] = float(shift.abs().sum() / mask.sum().clamp(min=1))
+    return (adv[:, None] + shift) * mask
+
+
+aepo.token_entropy = True

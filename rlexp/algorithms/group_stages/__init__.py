@@ -10,6 +10,8 @@ advantages (listed in ``algorithm.group_stages``; configs bind their settings wi
 * ``greedy_baseline``   ReMax's baseline: the reward of one greedy completion per prompt.
 * ``Replay``            RePO's per-prompt replay buffer: earlier completions of the prompt join the step.
 * ``MixPolicyReplay``   ReMix's mix-policy data: whole groups of the previous policies' rollouts join the step.
+* ``selective_loss_mask`` AdaCoT's SLM: the think/no-think decision token leaves the loss.
+* ``AnytimeBudgets``    AnytimeReasoner: the thinking cut at token budgets, a verified summary per cut.
 
 (DAPO: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025.)
 """

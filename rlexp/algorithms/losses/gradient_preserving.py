@@ -1,5 +1,7 @@
 """Clipping that keeps a bounded gradient on the clipped tokens: CE-GPPO ("CE-GPPO: Coordinating Entropy via
-Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning", Su et al., 2025; arXiv 2509.20712)."""
+Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning", Su et al., 2025; arXiv 2509.20712) and
+AEPO's entropy-balanced clipping ("Agentic Entropy-Balanced Policy Optimization", Dong et al., 2025; arXiv
+2510.14545)."""
 
 from __future__ import annotations
 
@@ -48,4 +50,38 @@ def ce_gppo(
         loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
     stats = ratio_stats(ratio, low, high)
     stats["ce_gppo/preserved_frac"] = (low | high).float()
+    return LossOutput(loss, stats)
+
+
+@LOSSES.register
+def aepo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> LossOutput:
+    """AEPO's entropy clipping-balanced surrogate: PPO's clipped loss (with verl's dual clip for A < 0) whose upper
+    bound is (1 + ε_high)·r / sg(r) — the value 1 + ε_high, the gradient (1 + ε_high)·∇log π. A token with A > 0 and
+    r > 1 + ε_high, which PPO clips to a constant (the paper's high-entropy tokens, whose probability moves most),
+    keeps the gradient −(1 + ε_high)·A·∇log π; every other token is PPO's (the lower clip r < 1 − ε_low with A < 0 stays
+    a constant, and the dual clip caps the loss of A < 0 tokens at −c·A). The gradient is CE-GPPO's with β_low = 0,
+    β_high = 1 (``ce_gppo``); the values are PPO's. Released code: ``compute_policy_loss_entropy_balanced_clipping``
+    (``enable_entropy_balanced_clipping``; dongguanting/ARPO, AEPO/verl_aepo_entropy ``core_algos.py``):
+    ``max_bound = (1 + ε_high) / ratio.detach() * ratio`` inside ``torch.clamp``. Stats:
+    ``aepo/high_clipped_frac`` (the tokens whose gradient the stop-gradient keeps), with the clip stats."""
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"algorithm.loss.dual_clip must be > 1 or null, got {dual_clip}")
+    adv = expand_like(advantages, logp)
+    ratio = torch.exp(logp - old_logp)
+    unit = ratio / ratio.detach()  # value 1, gradient ∇log π
+    low = (ratio < 1 - eps_low) & (adv < 0)
+    high = (ratio > 1 + eps_high) & (adv > 0)
+    loss = torch.where(high, -(1 + eps_high) * unit * adv, torch.where(low, -(1 - eps_low) * adv, -ratio * adv))
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
+    stats = ratio_stats(ratio, low, high)
+    stats["aepo/high_clipped_frac"] = high.float()
     return LossOutput(loss, stats)
