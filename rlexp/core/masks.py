@@ -46,6 +46,10 @@ TOKEN_LOSS_MASK = "token_loss_mask"
 # (N, 3) float: [effective rank, its velocity, its acceleration] of each completion's final hidden states under the
 # policy the step's update starts from (VERL); set by the trainer for an advantage estimator marked ``hidden_rank``
 HIDDEN_RANK = "hidden_rank"
+# (N,) the row's answer cluster within its group (-1: no answer) and that cluster's share of the group
+# (group_stages.votes.AnswerVotes; label-free advantages such as RESTRAIN)
+ANSWER_CLUSTER = "answer_cluster"
+ANSWER_SHARE = "answer_share"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -92,6 +92,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["train/optimizer_steps"] == 4.0 and m["mdpo/kl"] > 0 and m["mdpo/kl_coef"] > 1.0
     if method in ("acre", "georeason_lcr"):  # every completion was re-asked with shuffled options
         assert "acre/consistent_frac" in m and "reward/acre/mean" in m or "reward/lcr/mean" in m
+    if method == "restrain":  # label-free: the vote stage ran and the advantage read its clusters
+        assert "votes/no_answer_group_frac" in m and "restrain/penalised_group_frac" in m
     if method == "stratified_grpo":  # completions of a group fall into several strata
         assert m["stratified/strata_per_group"] > 1.0
     if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned
