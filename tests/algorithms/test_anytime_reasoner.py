@@ -218,6 +218,7 @@ def test_generate_from_ids_continues_the_given_ids(tiny):
         assert torch.equal(out.prompt_ids, ctx["input_ids"]) and len(out.texts) == 2
 
 
+@pytest.mark.long  # the method's plain two-step run is in test_methods_run; this one checks its mechanism
 def test_anytime_reasoner_trains_two_steps(tiny_cfg):
     cfg = tiny_cfg(
         *VARYING,

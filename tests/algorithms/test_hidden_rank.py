@@ -163,6 +163,7 @@ def test_hidden_states_of_the_forward(tiny):
     assert torch.allclose(got[1][valid], ref[valid], atol=1e-4)
 
 
+@pytest.mark.long  # the method's plain two-step run is in test_methods_run; this one checks its mechanism
 def test_verl_rank_trains_two_steps(tiny_cfg):
     """algorithm=verl_rank on the tiny model (8 tokens: stride 1 for the prefix windows): the first step sets the
     levels, the second is shaped."""

@@ -12,6 +12,7 @@ from tests.algorithms.varying_reward import VARYING
 FAST = ["trainer.autocast=off", "trainer.num_generations=2"]
 
 
+@pytest.mark.long  # the method's plain two-step run is in test_methods_run; this one checks its mechanism
 def test_ead_anneals_within_completions_and_corrects_with_tis(tiny_cfg):
     # 12 tokens, warm-up 1, d_0 = 8: τ/T runs 1 → 1.07 (t = 1) → τ_min from t ≈ 6
     result = run(
@@ -35,6 +36,7 @@ def test_ead_anneals_within_completions_and_corrects_with_tis(tiny_cfg):
     assert m["mismatch/log_ratio_abs"] > 0  # the sampler is not the policy
 
 
+@pytest.mark.long  # the plain two-step run is in test_methods_run; this one checks the mechanism
 def test_hapo_adapts_temperature_clip_and_advantages(tiny_cfg):
     result = run(tiny_cfg(*VARYING, *FAST, "trainer.max_new_tokens=8", "algorithm=hapo"))
     m = result.metrics

@@ -113,7 +113,7 @@ def test_bad_settings_name_their_key():
         OnlineMerging([p], base_params=[torch.zeros(2), torch.zeros(2)])
 
 
-@pytest.mark.parametrize("mode", ["ondare", "onties"])
+@pytest.mark.parametrize("mode", ["ondare", pytest.param("onties", marks=pytest.mark.long)])
 def test_online_merging_trains_two_steps(mode, tiny_cfg):
     """optimizer=online_merging in a run: the base is the tiny model with another seed; the merge steers the update
     toward τ (scaled for the tiny model: keep half the entries, merge weight 0.01)."""
