@@ -66,3 +66,9 @@ def test_answer_votes_stage_logs_agreement_and_pseudo_label_accuracy():
     # majorities: "3" (2 of 3, right), "7" (1 of 3, a tie broken by first seen; wrong)
     assert b.stats["votes/majority_share_mean"] == pytest.approx(0.5)
     assert b.stats["votes/pseudo_label_accuracy"] == 0.5 and b.stats["votes/no_answer_group_frac"] == 0.0
+
+
+def test_a_label_free_config_refuses_a_run_without_its_vote_reward():
+    b = make_batch([1.0, 0.0], [0, 0])
+    with pytest.raises(KeyError, match="require_term='majority'.*reward=majority_vote"):
+        AnswerVotes(require_term="majority")(b, SimpleNamespace(answer_format="hash"))

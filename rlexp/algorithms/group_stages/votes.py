@@ -41,14 +41,20 @@ def cluster_answers(answers: list[str | None]) -> list[int]:
 
 @GROUP_STAGES.register
 class AnswerVotes:
-    """Group stage: each row's answer cluster and its share of the group (see the module docstring)."""
+    """Group stage: each row's answer cluster and its share of the group (see the module docstring). ``require_term``:
+    a reward term the run must have (a label-free method refuses to train on the ground-truth reward by mistake)."""
 
     needs_reference = False
 
-    def __init__(self, fallback_last_number: bool = True):
-        self.fallback = fallback_last_number
+    def __init__(self, fallback_last_number: bool = True, require_term: str | None = None):
+        self.fallback, self.require_term = fallback_last_number, require_term
 
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
+        if self.require_term is not None and self.require_term not in batch.reward_names:
+            raise KeyError(
+                f"algorithm.group_stages: AnswerVotes.require_term={self.require_term!r} is not a reward term (terms: "
+                f"{batch.reward_names}): a label-free method trains on its vote reward, e.g. reward=majority_vote"
+            )
         fmt = getattr(ctx, "answer_format", "hash")
         answers = [extract_answer(c, fmt, fallback_last_number=self.fallback) for c in batch.completions]
         cluster = torch.full((len(batch),), -1, dtype=torch.long)
