@@ -2,8 +2,9 @@
 # Consistency methods on SmolLM2 (issue 22, acceptance 3): GRPO, GRPO-CARE, ACRE and TTRL from the same seed on the
 # multiple-choice view of the default task (view=multiple_choice: lettered options; the answer a letter or the option's
 # content) with the default hash prompt (SmolLM2-135M states "#### <answer>" under it; under the tag prompt it rarely
-# closes an <answer> tag, so nothing could be measured) and 64 new tokens, 12 steps; per step the three consistency rates (re-derivation, likelihood, option
-# shuffle) on the first 32 completions, judged by the frozen initial model. Two arms at a time, one thread each.
+# closes an <answer> tag, so nothing could be measured) and 64 new tokens, 12 steps; per step the three consistency
+# rates (re-derivation, likelihood, option shuffle) on the first 32 completions, judged by the frozen initial model.
+# Two arms at a time, one thread each.
 # Runs go to results/consistency/smollm2/runs/.
 #   bash benchmarks/consistency_runs.sh
 set -uo pipefail
