@@ -15,6 +15,13 @@ Row parsers, one per dataset schema (column names as published on the Hugging Fa
 * ``amc``     – ``AI-MO/aimo-validation-amc`` (train: ``id``, ``problem``, ``answer`` as a float,
   ``url``); AMC 2023 = the 40 rows whose ``url`` contains ``2023`` (the Qwen2.5-Math / SkyThought
   "amc23" set).
+* ``mmlu``    – ``cais/mmlu`` (all/test): ``question``, ``subject``, ``choices``, ``answer`` (index); MMLU-STEM = the
+  rows of the STEM subjects (``subjects``).
+* ``mmlu_pro`` – ``TIGER-Lab/MMLU-Pro`` (test): ``question``, ``options`` (up to 10), ``answer_index``, ``category``.
+* ``arc``     – ``allenai/ai2_arc`` (ARC-Challenge/test): ``question``, ``choices`` {``text``, ``label``},
+  ``answerKey``.
+* ``commonsense_qa`` – ``tau/commonsense_qa`` (validation): ``question``, ``choices`` {``label``, ``text``},
+  ``answerKey``. These four list their options as ``A) …`` lines and answer with the letter (scorer ``exact``).
 * ``gpqa``    – ``Idavidrein/gpqa`` (gpqa_diamond/train): ``Question``, ``Correct Answer``,
   ``Incorrect Answer 1..3``, ``Record ID``, ... The four options are shuffled with a fixed seed per
   record (Rein et al., 2023, shuffle the options too); the answer is the correct option's letter.
@@ -106,6 +113,70 @@ def parse_gpqa(row: dict, i: int, seed: int = 0) -> dict:
     }
 
 
+def choice_record(rid: str, question: str, options: list, correct: int, metadata: dict | None = None) -> dict:
+    """A multiple-choice record in the listing of the multiple-choice view and GPQA: the question, a blank line, then
+    ``A) option`` lines; the answer is the correct option's letter (the option-shuffle rate re-asks from these)."""
+    from rlexp.data.multiple_choice import option_lines
+
+    options = [str(o).strip() for o in options]
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(options)]
+    if len(options) < 2 or not 0 <= correct < len(options):
+        raise ValueError(f"record {rid}: {len(options)} options with the answer at index {correct}")
+    return {
+        "id": str(rid),
+        "question": str(question).strip() + "\n\n" + option_lines(options, letters),
+        "answer": letters[correct],
+        "scorer": "exact",
+        "metadata": {"options": options, "letters": letters, "correct": options[correct], **(metadata or {})},
+    }
+
+
+def parse_mmlu(row: dict, i: int) -> dict:
+    """``cais/mmlu``: ``question``, ``subject``, ``choices`` (4 texts), ``answer`` (the correct index)."""
+    return choice_record(
+        f"{row.get('subject', 'mmlu')}-{i}",
+        row["question"],
+        list(row["choices"]),
+        int(row["answer"]),
+        {"subject": row.get("subject")},
+    )
+
+
+def parse_mmlu_pro(row: dict, i: int) -> dict:
+    """``TIGER-Lab/MMLU-Pro``: ``question_id``, ``question``, ``options`` (up to 10), ``answer`` (letter),
+    ``answer_index``, ``category``, ``src``."""
+    return choice_record(
+        row.get("question_id", i),
+        row["question"],
+        list(row["options"]),
+        int(row["answer_index"]),
+        {"category": row.get("category")},
+    )
+
+
+def _labelled_choices(row: dict) -> tuple[list, int]:
+    """ARC / CommonsenseQA ``choices: {label: [...], text: [...]}`` and ``answerKey``: the texts and the key's index
+    (ARC labels some rows 1-4 instead of A-D: the key is matched against the row's own labels)."""
+    labels, texts = list(row["choices"]["label"]), list(row["choices"]["text"])
+    key = str(row["answerKey"]).strip()
+    if key not in labels:
+        raise ValueError(f"answerKey {key!r} is not one of the labels {labels}")
+    return texts, labels.index(key)
+
+
+def parse_arc(row: dict, i: int) -> dict:
+    """``allenai/ai2_arc`` (ARC-Challenge): ``id``, ``question``, ``choices`` {``text``, ``label``}, ``answerKey``."""
+    texts, correct = _labelled_choices(row)
+    return choice_record(row.get("id", i), row["question"], texts, correct)
+
+
+def parse_commonsense_qa(row: dict, i: int) -> dict:
+    """``tau/commonsense_qa`` (validation; the test split has no answers): ``id``, ``question``,
+    ``question_concept``, ``choices`` {``label``, ``text``}, ``answerKey``."""
+    texts, correct = _labelled_choices(row)
+    return choice_record(row.get("id", i), row["question"], texts, correct, {"concept": row.get("question_concept")})
+
+
 PARSERS: dict[str, tuple[Callable, list[str]]] = {
     "gsm8k": (parse_gsm8k, ["question", "answer"]),
     "math500": (parse_math500, ["problem", "answer", "unique_id"]),
@@ -115,6 +186,10 @@ PARSERS: dict[str, tuple[Callable, list[str]]] = {
         parse_gpqa,
         ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"],
     ),
+    "mmlu": (parse_mmlu, ["question", "choices", "answer"]),
+    "mmlu_pro": (parse_mmlu_pro, ["question", "options", "answer_index"]),
+    "arc": (parse_arc, ["question", "choices", "answerKey"]),
+    "commonsense_qa": (parse_commonsense_qa, ["question", "choices", "answerKey"]),
 }
 
 
@@ -147,11 +222,13 @@ class HubSource:
         data_files: str | None = None,
         url_contains: str | None = None,
         seed: int = 0,
+        subjects: list | None = None,
     ):
         if not path and not data_files:
             raise ValueError("benchmark source: set path (hub dataset) or data_files (local file)")
         self.parser, self.path, self.subset, self.split = parser, path, subset, split
         self.data_files, self.url_contains, self.seed = data_files, url_contains, seed
+        self.subjects = set(subjects) if subjects else None  # MMLU-STEM: the rows of these ``subject`` values
 
     @property
     def description(self) -> str:
@@ -174,6 +251,10 @@ class HubSource:
         rows = self.rows()
         if self.url_contains:
             rows = [r for r in rows if self.url_contains in str(r.get("url", ""))]
+        if self.subjects is not None:
+            rows = [r for r in rows if r.get("subject") in self.subjects]
+            if not rows:
+                raise ValueError(f"{self.description}: no row has a subject in {sorted(self.subjects)}")
         kwargs = {"seed": self.seed} if self.parser == "gpqa" else {}
         return parse_rows(rows, self.parser, self.description, **kwargs)
 

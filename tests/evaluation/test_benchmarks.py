@@ -131,8 +131,8 @@ def test_parser_errors_name_the_row_and_column(tmp_path):
     gsm.write_text('{"question": "q", "answer": "no marker"}\n')
     with pytest.raises(ValueError, match=r"row 1: GSM8K solution has no '####'"):
         HubSource("gsm8k", data_files=str(gsm))()
-    with pytest.raises(ValueError, match="parser='mmlu'"):
-        HubSource("mmlu", data_files=str(gsm))()
+    with pytest.raises(ValueError, match="parser=.mmlu_redux."):
+        HubSource("mmlu_redux", data_files=str(gsm))()
 
 
 def test_hub_failure_says_how_to_go_offline(monkeypatch):
@@ -144,3 +144,38 @@ def test_hub_failure_says_how_to_go_offline(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match="data_files"):
         HubSource("math500", path="HuggingFaceH4/MATH-500", split="test")()
+
+
+@pytest.mark.parametrize(
+    "name, fixture, ids, correct",
+    [
+        ("mmlu_pro", "mmlu_pro.jsonl", ["70", "71"], ["Nitrogen", "56"]),
+        ("mmlu_stem", "mmlu.jsonl", ["college_mathematics-0", "astronomy-1"], ["2x", "Jupiter"]),  # history left out
+        ("arc_challenge", "arc_challenge.jsonl", ["Mercury_0001", "NYSEDREGENTS_0002"], ["elastic potential", "wind"]),
+        ("commonsense_qa", "commonsense_qa.jsonl", ["075e483d21c29a511267ef62bedc0461"], ["cupboard"]),
+    ],
+)
+def test_multiple_choice_benchmarks_parse_their_hub_schemas(tmp_path, name, fixture, ids, correct):
+    """MMLU-Pro, MMLU-STEM, ARC-Challenge and CommonsenseQA from local files in their hub schemas: lettered options in
+    the question, the letter as the answer, the options in the metadata (what the option-shuffle rate re-asks)."""
+    from rlexp.data.multiple_choice import reshuffle
+
+    b = bench(tmp_path, name, fixture)
+    recs = b.records()
+    assert [r["id"] for r in recs] == ids
+    for r, right in zip(recs, correct):
+        letters = r["metadata"]["letters"]
+        assert r["metadata"]["options"][letters.index(r["answer"])] == right
+        assert f"{r['answer']}) {right}" in r["question"]
+        question, moved = reshuffle(r)  # every option to another letter
+        assert f"{r['answer']}) {right}" not in question and sorted(moved) == sorted(r["metadata"]["options"])
+    letters = [r["answer"] for r in recs]
+    assert score(b, [f"\\boxed{{{l}}}" for l in letters])[1] == [1.0] * len(recs)
+    assert score(b, [f"\\boxed{{{'A' if l != 'A' else 'B'}}}" for l in letters])[1] == [0.0] * len(recs)
+
+
+def test_choice_parsers_name_a_bad_row(tmp_path):
+    bad = tmp_path / "arc.jsonl"
+    bad.write_text('{"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"}\n')
+    with pytest.raises(ValueError, match=r"row 1: answerKey 'C' is not one of the labels"):
+        HubSource("arc", data_files=str(bad))()
