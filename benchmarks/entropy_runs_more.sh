@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The entropy methods added after benchmarks/entropy_runs.sh — EAD, HAPO and ROVER (AEPO to come) — at the same settings (the
+# The entropy methods added after benchmarks/entropy_runs.sh — EAD, HAPO, ROVER, AEPO and VERL — at the same settings (the
 # default task, seed 0, 18 steps, held-out accuracy at steps 0, 9 and 18) into the same results folder, so
 # `rlexp compare` puts them beside that script's GRPO arm. Two arms at a time, one thread each.
 #   bash benchmarks/entropy_runs_more.sh
@@ -12,7 +12,9 @@ mkdir -p "$DEST"
 source benchmarks/arms.sh
 arm ead algorithm=ead  # ran beside the last consistency arms (benchmarks/consistency_runs.sh)
 arm hapo algorithm=hapo &
-# ROVER ran beside HAPO (after EAD); AEPO is not run yet (session time)
+# ROVER ran beside HAPO (after EAD)
 arm rover algorithm=rover
-# arm aepo algorithm=aepo
+wait
+arm aepo algorithm=aepo &
+arm verl_rank algorithm=verl_rank &
 wait

@@ -123,7 +123,7 @@ class EntropyAdaptiveTemperature:
         self.scale: EntropyScale | None = None
 
     def on_step(self, step: int, max_steps: int | None = None) -> None:
-        pass
+        """Nothing per step: this schedule follows the entropies it observes, not the step."""
 
     def observe(self, entropy: torch.Tensor, mask: torch.Tensor) -> None:
         """Take the statistics of a batch's (N, T) token entropies (at the base temperature) for the next rollouts."""
