@@ -10,6 +10,7 @@ over the groups with a majority and a checkable label)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -80,10 +81,8 @@ class AnswerVotes:
             row = rows[ids.index(top)]
             record = batch.records[row]
             if record.get("answer") is not None:
-                try:
+                with contextlib.suppress(KeyError, ValueError):  # a label its scorer cannot check: left out of the log
                     correct_majorities.append(check_answer(answers[row], record))
-                except (KeyError, ValueError):  # no checkable hidden label
-                    pass
         batch.extras[ANSWER_CLUSTER] = cluster
         batch.extras[ANSWER_SHARE] = share
         s = batch.stats
