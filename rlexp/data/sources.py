@@ -116,13 +116,18 @@ def local_file(
     scorer: str = "math",
     eval_size: int = 50,
     train_size: int | None = None,
+    paraphrase_columns: list[str] | None = None,
 ) -> DatasetSplits:
     """A local jsonl/json/parquet/csv file with named question and answer columns. A question must be a
     non-empty string and an answer a non-empty string or a number (``cell_text``): a null, list or dict cell is refused
-    (naming the file, row and column) rather than trained on as the text ``None`` or ``['What is', 3]``."""
+    (naming the file, row and column) rather than trained on as the text ``None`` or ``['What is', 3]``.
+    ``paraphrase_columns``: columns holding paraphrases of the question (a string, or a list of strings each), kept
+    in order as ``record["paraphrases"]`` (``rlexp.data.paraphrases.RecordParaphrases``: Co-Reward's rewritten
+    question, a paraphrase set)."""
     rows = load_table(path)
     source = f"dataset.path={path}"
-    _require_columns(rows, [question_column, answer_column], source)
+    paraphrase_columns = list(paraphrase_columns or [])
+    _require_columns(rows, [question_column, answer_column, *paraphrase_columns], source)
     records = [
         {
             "id": f"{Path(path).stem}-{i}",
@@ -130,6 +135,7 @@ def local_file(
             "answer": cell_text(r, answer_column, source, i),
             "scorer": scorer,
             "metadata": {"source": source, "row": i + 1},  # where the row is, for messages (data.lengths.where)
+            **({"paraphrases": paraphrase_cells(r, paraphrase_columns, source, i)} if paraphrase_columns else {}),
         }
         for i, r in enumerate(rows)
     ]
@@ -171,6 +177,20 @@ def _require_columns(rows: list[dict], columns: list[str], source: str) -> None:
         missing = [c for c in columns if c not in r]
         if missing:
             raise ValueError(f"{source}: row {i + 1} has no column {missing[0]!r} (columns: {sorted(r)})")
+
+
+def paraphrase_cells(row: dict, columns: list[str], source: str, index: int) -> list[str]:
+    """The paraphrases of a row, in column order: a string cell is one, a list cell its strings (each non-blank)."""
+    out: list[str] = []
+    for column in columns:
+        value = row[column]
+        if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, str)):
+            items = list(value.tolist() if hasattr(value, "tolist") else value)
+            for j, item in enumerate(items):
+                out.append(cell_text({column: item}, column, f"{source} (item {j + 1})", index, numbers=False))
+        else:
+            out.append(cell_text(row, column, source, index, numbers=False))
+    return out
 
 
 def cell_text(row: dict, column: str, source: str, index: int, numbers: bool = True) -> str:

@@ -298,7 +298,7 @@ class Trainer:
         values = cond.values(self.num_generations)
         if cond.position == "user":  # inside the user's turn: the question is rendered again with the condition
             return [
-                self.prompt_format.render(self.tok, cond.question(r["question"], v)) for r in records for v in values
+                self.prompt_format.render(self.tok, cond.question(r["question"], v, r)) for r in records for v in values
             ], values
         return [cond.render(p, v) for p in prompts for v in values], values
 

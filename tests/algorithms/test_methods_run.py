@@ -72,6 +72,11 @@ SPLIT_AT = {
         "algorithm.group_stages.0.correct_min=0.4",
         "trainer.num_generations=4",
     ],
+    # the tiny model states no answers: its votes and similarities are all 0, so the varying reward stands in
+    # (co_reward: kept at weight 1 by dropping the no-label guard); k wordings need G divisible by k, 2 rows each
+    "co_reward": ["algorithm.group_stages.0.label_term=null", "trainer.num_generations=4"],
+    "ps_grpo": ["trainer.num_generations=4"],
+    "info_consistent_grpo": ["trainer.num_generations=4"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
 
@@ -98,6 +103,10 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert "votes/no_answer_group_frac" in m
     if method == "restrain":  # label-free: the vote stage ran and the advantage read its clusters
         assert "votes/no_answer_group_frac" in m and "restrain/penalised_group_frac" in m
+    if method in ("co_reward", "ps_grpo", "info_consistent_grpo"):  # each group was sampled over its wordings
+        assert {"co_reward": "co_reward/no_label_frac", "ps_grpo": "paraphrase/answer_agreement"}.get(
+            method, "info_consistent/answer_entropy_mean"
+        ) in m
     if method == "stratified_grpo":  # completions of a group fall into several strata
         assert m["stratified/strata_per_group"] > 1.0
     if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlexp.core.batch import RolloutBatch
+from rlexp.core.masks import CONDITION
 from rlexp.core.registry import ADVANTAGES
 from rlexp.core.stats import group_stats
 
@@ -47,10 +48,19 @@ def normalize_rewards(
 
 
 @ADVANTAGES.register
-def grpo(batch: RolloutBatch, scale: str = "group", eps: float = 1e-6, singleton: str = "zero") -> torch.Tensor:
+def grpo(
+    batch: RolloutBatch, scale: str = "group", eps: float = 1e-6, singleton: str = "zero", by_condition: bool = False
+) -> torch.Tensor:
     """Group-normalised outcome advantage, one value per completion (``singleton``: see
-    :func:`normalize_rewards`)."""
-    return normalize_rewards(batch.reward, batch.group_ids, scale=scale, eps=eps, singleton=singleton)
+    :func:`normalize_rewards`). ``by_condition``: normalise within each group's prompt-condition subgroups (the
+    completions of one wording of a paraphrase set: Co-Reward normalises its original and rephrased batches apart)."""
+    groups = batch.group_ids
+    if by_condition:
+        condition = batch.extras.get(CONDITION)
+        if condition is None:
+            raise ValueError("algorithm.advantage.by_condition=true needs algorithm.prompt_condition (none is set)")
+        groups = groups.to(condition.device).double() * 1e6 + condition.double()
+    return normalize_rewards(batch.reward, groups, scale=scale, eps=eps, singleton=singleton)
 
 
 @ADVANTAGES.register

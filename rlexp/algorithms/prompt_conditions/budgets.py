@@ -48,7 +48,7 @@ class _Condition:
         """The rendered prompt with the condition opening the assistant's turn (``position: assistant``)."""
         return prompt + self.text(value)
 
-    def question(self, question: str, value: float) -> str:
+    def question(self, question: str, value: float, record: dict | None = None) -> str:
         """The question with the condition appended (``position: user``; rendered by the prompt format after)."""
         return f"{question}\n{self.text(value)}"
 
