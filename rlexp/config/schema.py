@@ -91,6 +91,10 @@ class TrainerConfig:
 class EvalConfig:
     size: int = 50  # held-out prompts evaluated greedily during training (0: off)
     max_new_tokens: Optional[int] = None
+    # paraphrase consistency (rlexp/evaluation/paraphrase.py): each held-out question (each benchmark problem) asked
+    # again in this many other wordings; logs paraphrase/accuracy and paraphrase/agreement (0: off)
+    paraphrases: int = 0
+    paraphrase_source: str = "template"  # template (offline rule-based rewordings) | record (the dataset's own)
     # benchmark evaluation (`rlexp eval`, and training with `+benchmark=<entry>`); see
     # rlexp/evaluation/runner.py. pass@k is logged as pass_at_k, maj@k as maj_at_k (MLflow-safe).
     n: int = 1  # samples per problem
@@ -297,6 +301,12 @@ def check_maj(ev: DictConfig) -> None:
     for key, allowed in (("maj_tie", ("random", "first")), ("maj_missing", ("abstain", "vote"))):
         if ev.get(key, allowed[0]) not in allowed:
             raise ConfigError(f"eval.{key}={ev.get(key)!r}: must be one of {list(allowed)}")
+    if ev.get("paraphrases", 0) < 0:
+        raise ConfigError(f"eval.paraphrases={ev.get('paraphrases')}: must be >= 0 (0: off)")
+    if ev.get("paraphrase_source", "template") not in ("template", "record"):
+        raise ConfigError(
+            f"eval.paraphrase_source={ev.get('paraphrase_source')!r}: must be one of ['template', 'record']"
+        )
 
 
 def _settings_of(target: str) -> tuple[list[str], bool] | None:

@@ -1,32 +1,65 @@
-"""Periodic evaluation inside training: greedy decoding on the held-out split."""
+"""Periodic evaluation inside training: greedy decoding on the held-out split (and, with ``eval.paraphrases``, on
+reworded copies of it: ``rlexp.evaluation.paraphrase``)."""
 
 from __future__ import annotations
 
 import torch
 
+from rlexp.evaluation.paraphrase import agreement, check_settings, paraphrased_records
+from rlexp.rewards.answers import extract_answer, math_equal
 from rlexp.rewards.terms import Sample
 
 
 class GreedyEvaluator:
-    def __init__(self, records, prompt_format, rollout, accuracy_term, max_new_tokens=None):
+    def __init__(
+        self,
+        records,
+        prompt_format,
+        rollout,
+        accuracy_term,
+        max_new_tokens=None,
+        paraphrases: int = 0,
+        paraphrase_source: str = "template",
+        seed: int = 0,
+    ):
         self.records, self.prompt_format, self.rollout = records, prompt_format, rollout
         self.accuracy_term, self.max_new_tokens = accuracy_term, max_new_tokens
+        check_settings(paraphrases, paraphrase_source)
+        self.reworded = paraphrased_records(records, paraphrases, paraphrase_source, seed) if paraphrases else []
 
     @torch.no_grad()
     def __call__(self, model, tokenizer, step: int) -> dict[str, float]:
-        prompts = [self.prompt_format.render(tokenizer, r["question"]) for r in self.records]
-        out = self.rollout.generate(model, tokenizer, prompts, 1, greedy=True, max_new_tokens=self.max_new_tokens)
+        prompts, out, accuracy = self._greedy(model, tokenizer, self.records)
         lengths = out.completion_mask.sum(-1).float()
         metrics = {
             "eval/length/mean": float(lengths.mean()),
             "eval/length/truncated_frac": float(out.truncated.float().mean()),
         }
-        if self.accuracy_term is not None:
-            samples = [
-                Sample(p, c, r, i, int(n), bool(tr))
-                for i, (p, c, r, n, tr) in enumerate(
-                    zip(prompts, out.texts, self.records, lengths.tolist(), out.truncated.tolist())
-                )
-            ]
-            metrics["eval/accuracy"] = sum(self.accuracy_term(samples).scores) / len(samples)
+        if accuracy is not None:
+            metrics["eval/accuracy"] = accuracy
+        if self.reworded:
+            fmt = getattr(self.accuracy_term, "answer_format", None) or self.prompt_format.answer_format
+            fallback = getattr(self.accuracy_term, "fallback", True)
+            answers = lambda texts: [[extract_answer(t, fmt, fallback_last_number=fallback)] for t in texts]
+            original, agree, accs = answers(out.texts), [], []
+            for records in self.reworded:
+                _, again, acc = self._greedy(model, tokenizer, records)
+                agree += agreement(original, answers(again.texts), lambda a, b, i: math_equal(a, b))
+                accs.append(acc)
+            metrics["eval/paraphrase/agreement"] = sum(agree) / len(agree)
+            if accuracy is not None:
+                metrics["eval/paraphrase/accuracy"] = sum(accs) / len(accs)
         return metrics
+
+    def _greedy(self, model, tokenizer, records):
+        """The rendered prompts, the greedy rollout and its accuracy (None without an accuracy term)."""
+        prompts = [self.prompt_format.render(tokenizer, r["question"]) for r in records]
+        out = self.rollout.generate(model, tokenizer, prompts, 1, greedy=True, max_new_tokens=self.max_new_tokens)
+        if self.accuracy_term is None:
+            return prompts, out, None
+        lengths = out.completion_mask.sum(-1).tolist()
+        samples = [
+            Sample(p, c, r, i, int(n), bool(tr))
+            for i, (p, c, r, n, tr) in enumerate(zip(prompts, out.texts, records, lengths, out.truncated.tolist()))
+        ]
+        return prompts, out, sum(self.accuracy_term(samples).scores) / len(samples)

@@ -46,6 +46,8 @@ class EvalSettings:
     ci_level: float = 0.95
     seed: int = 0
     write_samples: bool = True
+    paraphrases: int = 0  # each problem asked again in this many other wordings (rlexp.evaluation.paraphrase)
+    paraphrase_source: str = "template"
 
     def __post_init__(self):
         if self.n < 1:
@@ -205,6 +207,9 @@ class BenchmarkEvaluator:
         )
         metrics["score_mean"] = float(np.mean(scores))
         metrics["no_answer_frac"] = float(np.mean([a is None for a in answers]))
+        if s.paraphrases and vote:
+            bars.update(task, len(prompts), info="paraphrases ...")
+            metrics.update(self._paraphrase_metrics(bench, model, tokenizer, records, grid(answers), greedy, max_new))
         per = [{} for _ in texts]
         if self.consistency is not None and bench.answer_format is not None:
             bars.update(task, len(prompts), info="consistency rates ...")
@@ -250,6 +255,26 @@ class BenchmarkEvaluator:
                 }
             )
         return metrics, rows
+
+    def _paraphrase_metrics(self, bench, model, tokenizer, records, answers, greedy, max_new) -> dict[str, float]:
+        """``paraphrase/accuracy`` and ``paraphrase/agreement`` of one benchmark (``rlexp.evaluation.paraphrase``):
+        every problem asked again in ``eval.paraphrases`` other wordings, with the same samples per problem."""
+        from rlexp.evaluation.paraphrase import agreement, paraphrased_records
+
+        s, n = self.s, self.s.n
+        agree, correct = [], []
+        for reworded in paraphrased_records(records, s.paraphrases, s.paraphrase_source, s.seed):
+            prompts = [bench.prompt.render(tokenizer, r["question"]) for r in reworded]
+            texts = []
+            for i in range(0, len(prompts), s.batch_problems):
+                chunk = prompts[i : i + s.batch_problems]
+                texts += self.rollout.generate(model, tokenizer, chunk, n, greedy=greedy, max_new_tokens=max_new).texts
+            reps = [r for r in reworded for _ in range(n)]
+            again = [bench.extractor(c, r) for c, r in zip(texts, reps)]
+            correct += [float(sc >= CORRECT) for sc in bench.checker.check(again, reps)]
+            grid = [again[p * n : (p + 1) * n] for p in range(len(records))]
+            agree += agreement(answers, grid, lambda a, b, i: bench.checker.equivalent(a, b, records[i]))
+        return {"paraphrase/accuracy": float(np.mean(correct)), "paraphrase/agreement": float(np.mean(agree))}
 
 
 def check_prompt_lengths(name: str, records: list[dict], prompts: list[str], model, tokenizer, max_new: int) -> None:

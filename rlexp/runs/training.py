@@ -40,6 +40,9 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
                 rollout,
                 acc and build_reward_term(cfg.reward.terms[acc], f"reward.terms.{acc}"),
                 max_new_tokens=cfg.eval.max_new_tokens,
+                paraphrases=cfg.eval.paraphrases,
+                paraphrase_source=cfg.eval.paraphrase_source,
+                seed=cfg.trainer.seed,
             )
         )
     if cfg.get("benchmark"):

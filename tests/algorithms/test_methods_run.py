@@ -76,6 +76,8 @@ SPLIT_AT = {
     # (co_reward: kept at weight 1 by dropping the no-label guard); k wordings need G divisible by k, 2 rows each
     "co_reward": ["algorithm.group_stages.0.label_term=null", "trainer.num_generations=4"],
     "ps_grpo": ["trainer.num_generations=4"],
+    # KnowRL's stage refuses a run without its consensus term: the varying reward stands in for it
+    "knowrl": ["+reward.terms.consensus._target_=tests.algorithms.varying_reward.VowelShare"],
     "info_consistent_grpo": ["trainer.num_generations=4"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
@@ -107,6 +109,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert {"co_reward": "co_reward/no_label_frac", "ps_grpo": "paraphrase/answer_agreement"}.get(
             method, "info_consistent/answer_entropy_mean"
         ) in m
+    if method == "knowrl":  # the feasibility votes were counted
+        assert "self_knowledge/no_consensus_frac" in m
     if method == "stratified_grpo":  # completions of a group fall into several strata
         assert m["stratified/strata_per_group"] > 1.0
     if method == "sfpo":  # (3 fast + 1 slow) passes of 2 mini-batches (2 groups), repositioned
