@@ -78,6 +78,11 @@ SPLIT_AT = {
     "ps_grpo": ["trainer.num_generations=4"],
     # KnowRL's stage refuses a run without its consensus term: the varying reward stands in for it
     "knowrl": ["+reward.terms.consensus._target_=tests.algorithms.varying_reward.VowelShare"],
+    # KLCF's stage refuses a run without its two factuality terms: the varying reward stands in for both
+    "klcf": [
+        "+reward.terms.checklist_recall._target_=tests.algorithms.varying_reward.VowelShare",
+        "+reward.terms.self_precision._target_=tests.algorithms.varying_reward.VowelShare",
+    ],
     "info_consistent_grpo": ["trainer.num_generations=4"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
 }
@@ -109,6 +114,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert {"co_reward": "co_reward/no_label_frac", "ps_grpo": "paraphrase/answer_agreement"}.get(
             method, "info_consistent/answer_entropy_mean"
         ) in m
+    if method == "klcf":  # the dual-fact stage combined recall and precision
+        assert "klcf/f1_mean" in m
     if method == "knowrl":  # the feasibility votes were counted
         assert "self_knowledge/no_consensus_frac" in m
     if method == "stratified_grpo":  # completions of a group fall into several strata
