@@ -26,12 +26,11 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from rlexp.data.generation import Sampler, lazy_model_sampler
 from rlexp.data.sources import DatasetSplits, _split, cell_text, load_table
 
 log = logging.getLogger(__name__)
@@ -86,9 +85,6 @@ def claim_overlap(a: str | Sequence[str], b: str | Sequence[str]) -> float:
     x = set(content_tokens(a) if isinstance(a, str) else a)
     y = set(content_tokens(b) if isinstance(b, str) else b)
     return 2 * len(x & y) / (len(x) + len(y)) if x or y else 0.0
-
-
-Sampler = Callable[[Sequence[str], int], list[list[str]]]  # (questions, k) -> k answers per question
 
 
 @dataclass
@@ -187,63 +183,9 @@ def build_checklists(
     return [known[key] for key in keys]
 
 
-def hf_sampler(
-    model,
-    tokenizer,
-    max_new_tokens: int = 256,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    batch_size: int = 4,
-    system_prompt: str | None = None,
-) -> Sampler:
-    """A sampler over a loaded causal LM: each question chat-templated (when the tokenizer has a template) and
-    answered ``k`` times by ``model.generate`` (``do_sample``, ``temperature``, ``top_p``), seeded from ``seed``."""
-
-    def render(q: str) -> str:
-        if getattr(tokenizer, "chat_template", None):
-            msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-                {"role": "user", "content": q}
-            ]
-            return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return q
-
-    @torch.no_grad()
-    def sample(questions: Sequence[str], k: int) -> list[list[str]]:
-        device = next(model.parameters()).device
-        side = tokenizer.padding_side
-        tokenizer.padding_side = "left"
-        out: list[list[str]] = []
-        try:
-            for i in range(0, len(questions), batch_size):
-                chunk = [render(q) for q in questions[i : i + batch_size]]
-                enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-                torch.manual_seed(seed + i)  # each chunk's draws depend on the seed and the chunk only
-                ids = model.generate(
-                    **enc,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=top_p,
-                    max_new_tokens=max_new_tokens,
-                    num_return_sequences=k,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-                texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-                out += [texts[j * k : (j + 1) * k] for j in range(len(chunk))]
-        finally:
-            tokenizer.padding_side = side
-        return out
-
-    return sample
-
-
 def build_from_model(questions: Sequence[str], build: dict, cache: str | Path | None) -> list[dict]:
     """``build_checklists`` with ``hf_sampler`` over the model that ``build["model"]`` describes (a ``model/`` config
     node, e.g. the run's own ``${model}``) — the dataset source's ``build`` option."""
-    from omegaconf import OmegaConf
-
-    from rlexp.models.loading import load_model
-
     opts = dict(build)
     model_cfg = opts.pop("model", None)
     if model_cfg is None:
@@ -257,19 +199,8 @@ def build_from_model(questions: Sequence[str], build: dict, cache: str | Path | 
         settings = ChecklistSettings(**opts)
     except TypeError as e:
         raise ValueError(f"dataset.build: {e}") from None
-    cfg = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
-    cfg.pop("peft", None)  # the plain base model
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded: list[Sampler] = []
-
-    def sampler(qs: Sequence[str], k: int) -> list[list[str]]:  # the model loads only when a question is not cached
-        if not loaded:
-            lm = load_model(OmegaConf.create(cfg), torch.device(device))
-            loaded.append(hf_sampler(lm.model.eval(), lm.tokenizer, **sampling))
-        return loaded[0](qs, k)
-
-    return build_checklists(questions, sampler, settings, cache, model_name=cfg.get("name"))
+    sampler = lazy_model_sampler(model_cfg, device, **sampling)  # loads only when a question is not cached
+    return build_checklists(questions, sampler, settings, cache, model_name=sampler.model_name)
 
 
 def checklist_dataset(

@@ -77,6 +77,7 @@ SPLIT_AT = {
     "co_reward": ["algorithm.group_stages.0.label_term=null", "trainer.num_generations=4"],
     "ps_grpo": ["trainer.num_generations=4"],
     # KnowRL's stage refuses a run without its consensus term: the varying reward stands in for it
+    "rlccf": ["algorithm.group_stages.0.label_term=null"],  # the varying reward stands in for the vote (see co_reward)
     "knowrl": ["+reward.terms.consensus._target_=tests.algorithms.varying_reward.VowelShare"],
     # KLCF's stage refuses a run without its two factuality terms: the varying reward stands in for both
     "klcf": [
@@ -114,6 +115,8 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert {"co_reward": "co_reward/no_label_frac", "ps_grpo": "paraphrase/answer_agreement"}.get(
             method, "info_consistent/answer_entropy_mean"
         ) in m
+    if method == "rlccf":  # the peers were sampled and voted (the tiny model states few answers: no label)
+        assert "rlccf/no_label_frac" in m
     if method == "klcf":  # the dual-fact stage combined recall and precision
         assert "klcf/f1_mean" in m
     if method == "knowrl":  # the feasibility votes were counted

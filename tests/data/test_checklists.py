@@ -12,8 +12,8 @@ from rlexp.data.checklists import (
     build_checklist,
     build_checklists,
     checklist_dataset,
-    hf_sampler,
 )
+from rlexp.data.generation import hf_sampler
 
 FIXTURE = "tests/fixtures/data/longfact_checklists.jsonl"
 
