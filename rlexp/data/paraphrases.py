@@ -9,14 +9,23 @@ A source maps (record, k) to the record's k-th paraphrase; k = 0 is the question
 * ``TemplateParaphrases`` — offline and deterministic: the question reworded by rules (its leading instruction verb
   swapped for a synonym, or the question wrapped in another request), chosen per (record, k) from the seed. It keeps
   the task and the answer exactly and changes only the wording — a surface paraphraser that works with no model and no
-  network, standing in where a dataset has none. Co-Reward rewrote its questions with Qwen3-32B; an LLM paraphraser's
-  output goes in through ``RecordParaphrases``.
+  network, standing in where a dataset has none.
+* ``ModelParaphrases`` — an LLM rewrites the question, as Co-Reward built its rephrased set (Qwen3-32B, temperature
+  0.7, top-p 0.8, an instruction to keep the mathematics and the answer and change the wording and the scenario, the
+  rewrite read between markers). Each (question, k) is rewritten once and cached to a jsonl; a reply without a usable
+  rewrite (no marker, empty, the question itself, or — ``keep_numbers`` — a number of the question missing) falls
+  back to the template paraphrase and is counted (``fallbacks``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import re
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # instruction verbs at the start of a question and their synonyms (the task is unchanged by the swap)
 _VERBS = ("Calculate", "Compute", "Work out", "Evaluate", "Find the value of", "Determine")
@@ -100,13 +109,113 @@ class RecordParaphrases:
         return have[k - 1]
 
 
-SOURCES = {"template": TemplateParaphrases, "record": RecordParaphrases}
+# the rewriting request (Co-Reward's recipe in our words); the reply's rewrite is read after the REWRITE marker
+REWRITE_INSTRUCTION = (
+    "Rewrite the problem below in different words and, where it fits, a different everyday setting. Keep its "
+    "mathematics, every number and its answer exactly the same; do not solve it. Reply in exactly this form:\n"
+    "REWRITE:\n<the rewritten problem>\nEND\n\nProblem:\n{question}"
+)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def paraphrase_source(name: str, seed: int = 0, field: str = "paraphrases"):
-    """The source named by ``algorithm.prompt_condition.source``."""
+def parse_rewrite(reply: str, question: str, keep_numbers: bool = True) -> str | None:
+    """The rewrite in a model's reply (after ``REWRITE:``, up to ``END``), or None when it is missing, empty, the
+    question itself, or (``keep_numbers``) drops a number the question states."""
+    at = reply.find("REWRITE:")
+    if at < 0:
+        return None
+    text = reply[at + len("REWRITE:") :]
+    end = text.find("END")
+    text = (text if end < 0 else text[:end]).strip()
+    if not text or text == question.strip():
+        return None
+    if keep_numbers and not set(_NUMBER.findall(question)) <= set(_NUMBER.findall(text)):
+        return None
+    return text
+
+
+class ModelParaphrases:
+    """LLM rewrites of each question, cached (see the module doc). ``model``: a ``model/`` config node (loaded at
+    the first question not in the cache) or ``sampler``: any ``(texts, k) -> k replies per text`` callable;
+    ``cache``: a jsonl path (null: in memory only)."""
+
+    def __init__(
+        self,
+        model=None,
+        cache: str | None = None,
+        seed: int = 0,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.8,
+        keep_numbers: bool = True,
+        instruction: str = REWRITE_INSTRUCTION,
+        sampler=None,
+    ):
+        if sampler is None and model is None:
+            raise ValueError("algorithm.prompt_condition.model is not set: the rewriting model's config, e.g. ${model}")
+        if "{question}" not in instruction:
+            raise ValueError("algorithm.prompt_condition.instruction must contain '{question}'")
+        if sampler is None:
+            from rlexp.data.generation import lazy_model_sampler
+
+            sampler = lazy_model_sampler(
+                model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+            )
+        self.sampler, self.keep_numbers, self.instruction = sampler, keep_numbers, instruction
+        self.fallback = TemplateParaphrases(seed)
+        self.cache_path = Path(cache) if cache else None
+        self.rewrites: dict[tuple[str, int], str] = {}
+        self.fallbacks = 0
+        if self.cache_path is not None and self.cache_path.exists():
+            for line in self.cache_path.read_text().splitlines():
+                row = json.loads(line)
+                self.rewrites[(row["question"], int(row["k"]))] = row["rewrite"]
+
+    def prepare(self, records: list[dict], ks: list[int]) -> None:
+        """Rewrite, in one batch, every (record, k ≥ 1) not in the cache yet."""
+        todo = list(dict.fromkeys((r["question"], k) for r in records for k in ks if k > 0))
+        todo = [(q, k) for q, k in todo if (q, k) not in self.rewrites]
+        if not todo:
+            return
+        questions = list(dict.fromkeys(q for q, _ in todo))
+        need = max(k for _, k in todo)
+        replies = self.sampler([self.instruction.format(question=q) for q in questions], need)
+        rows = []
+        for q, got in zip(questions, replies):
+            for k in range(1, need + 1):
+                if (q, k) in self.rewrites:
+                    continue
+                text = parse_rewrite(got[k - 1], q, self.keep_numbers)
+                fell_back = text is None
+                if fell_back:
+                    self.fallbacks += 1
+                    text = self.fallback({"id": q, "question": q}, k)
+                self.rewrites[(q, k)] = text
+                rows.append({"question": q, "k": k, "rewrite": text, "fallback": fell_back})
+        if self.cache_path is not None:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.cache_path.open("a") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
+        log.info("paraphrases: %d rewritten, %d fell back to the template source", len(rows), self.fallbacks)
+
+    def __call__(self, record: dict, k: int) -> str:
+        if k == 0:
+            return record["question"]
+        if (record["question"], k) not in self.rewrites:
+            self.prepare([record], [k])
+        return self.rewrites[(record["question"], k)]
+
+
+SOURCES = {"template": TemplateParaphrases, "record": RecordParaphrases, "model": ModelParaphrases}
+
+
+def paraphrase_source(name: str, seed: int = 0, field: str = "paraphrases", **model_settings):
+    """The source named by ``algorithm.prompt_condition.source`` (``model_settings``: ``ModelParaphrases``')."""
     if name == "template":
         return TemplateParaphrases(seed)
     if name == "record":
         return RecordParaphrases(field)
+    if name == "model":
+        return ModelParaphrases(seed=seed, **model_settings)
     raise ValueError(f"algorithm.prompt_condition.source={name!r} is not one of {sorted(SOURCES)}")

@@ -296,6 +296,8 @@ class Trainer:
         """The K prompt variants of each record (record-major) under the prompt condition, and the K values."""
         cond = self.algo.prompt_condition
         values = cond.values(self.num_generations)
+        if hasattr(cond, "prepare"):  # a paraphrase set's model source rewrites the batch's questions at once
+            cond.prepare(records, values)
         if cond.position == "user":  # inside the user's turn: the question is rendered again with the condition
             return [
                 self.prompt_format.render(self.tok, cond.question(r["question"], v, r)) for r in records for v in values

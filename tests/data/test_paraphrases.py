@@ -5,7 +5,14 @@ import json
 import pytest
 
 from rlexp.config.schema import ConfigError
-from rlexp.data.paraphrases import RecordParaphrases, TemplateParaphrases, paraphrase_source, reworded
+from rlexp.data.paraphrases import (
+    ModelParaphrases,
+    RecordParaphrases,
+    TemplateParaphrases,
+    paraphrase_source,
+    parse_rewrite,
+    reworded,
+)
 from rlexp.data.sources import local_file
 
 
@@ -60,3 +67,65 @@ def test_local_file_keeps_paraphrase_columns_in_order(tmp_path):
         local_file(str(path), seed=0, question_column="problem", paraphrase_columns=["rewrite"], eval_size=0)
     with pytest.raises(ValueError, match="row 1 has no column 'nope'"):
         local_file(str(path), seed=0, question_column="problem", paraphrase_columns=["nope"], eval_size=0)
+
+
+# ---- an LLM's rewrites (Co-Reward's recipe) ------------------------------------------------------------------------
+def test_parse_rewrite_reads_the_marker_and_refuses_unusable_replies():
+    q = "Calculate 61 + 73."
+    assert parse_rewrite("REWRITE:\nAdd 61 apples to 73 apples.\nEND junk", q) == "Add 61 apples to 73 apples."
+    assert parse_rewrite("Sure! Add 61 and 73.", q) is None  # no marker
+    assert parse_rewrite("REWRITE:\n  \nEND", q) is None  # empty
+    assert parse_rewrite("REWRITE: Calculate 61 + 73.", q) is None  # the question itself
+    assert parse_rewrite("REWRITE: Add 61 and 37.", q) is None  # a number of the question is gone
+    assert parse_rewrite("REWRITE: Add 61 and 37.", q, keep_numbers=False) == "Add 61 and 37."
+
+
+class ScriptedRewriter:
+    """Rewrites 'Calculate X.' as 'Work out X, please.' on the first sample and answers nonsense after."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, texts, k):
+        self.calls.append((len(texts), k))
+        out = []
+        for t in texts:
+            body = t.split("Problem:\n", 1)[1].removeprefix("Calculate ").rstrip(".")
+            out.append([f"REWRITE:\nWork out {body}, please.\nEND"] + ["I cannot."] * (k - 1))
+        return out
+
+
+def test_model_source_batches_caches_and_falls_back(tmp_path):
+    cache = tmp_path / "rewrites.jsonl"
+    recs = [{"id": "a", "question": "Calculate 2 + 3."}, {"id": "b", "question": "Calculate 4 + 4."}]
+    rewriter = ScriptedRewriter()
+    src = ModelParaphrases(sampler=rewriter, cache=str(cache))
+    src.prepare(recs, [0, 1, 2])
+    assert rewriter.calls == [(2, 2)]  # one call for the batch: 2 questions x 2 rewrites
+    assert src(recs[0], 1) == "Work out 2 + 3, please."
+    assert src(recs[0], 2) == TemplateParaphrases(0)({"id": "Calculate 2 + 3.", "question": "Calculate 2 + 3."}, 2)
+    assert src.fallbacks == 2 and src(recs[1], 0) == "Calculate 4 + 4."
+    rows = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert len(rows) == 4 and sum(r["fallback"] for r in rows) == 2
+    again = ModelParaphrases(sampler=ScriptedRewriter(), cache=str(cache))  # a new run reads the cache
+    again.prepare(recs, [1, 2])
+    assert again.sampler.calls == [] and again(recs[1], 1) == "Work out 4 + 4, please."
+    with pytest.raises(ValueError, match="prompt_condition.model is not set"):
+        ModelParaphrases()
+
+
+def test_model_source_with_a_real_model_on_the_paraphrase_set(tmp_path):
+    """The tiny random model writes no usable rewrite: every variant falls back, and the cache records it."""
+    from omegaconf import OmegaConf
+
+    from rlexp.algorithms.prompt_conditions.paraphrases import ParaphraseSet
+    from rlexp.config.paths import CONF_DIR
+
+    model = OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml")
+    cond = ParaphraseSet(
+        k=2, source="model", model=model, cache=str(tmp_path / "c.jsonl"), rewrite={"max_new_tokens": 4}
+    )
+    recs = [{"id": "a", "question": "Calculate 2 + 3."}]
+    cond.prepare(recs, cond.values(2))
+    assert cond.question("Calculate 2 + 3.", 1.0, recs[0]) != "Calculate 2 + 3."
+    assert cond.source.fallbacks == 1 and len((tmp_path / "c.jsonl").read_text().splitlines()) == 1

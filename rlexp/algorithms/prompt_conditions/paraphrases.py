@@ -18,15 +18,33 @@ from rlexp.data.paraphrases import paraphrase_source
 @PROMPT_CONDITIONS.register
 class ParaphraseSet:
     """K wordings of each question (variant 0: the question), G/K completions each. ``source``: ``template``
-    (offline rule-based rewordings, seeded) or ``record`` (the dataset's ``field`` of paraphrases)."""
+    (offline rule-based rewordings, seeded), ``record`` (the dataset's ``field`` of paraphrases) or ``model`` (an
+    LLM's rewrites, Co-Reward's recipe: ``model`` a model config such as ``${model}``, ``cache`` a jsonl path; more
+    settings of ``rlexp.data.paraphrases.ModelParaphrases`` under ``rewrite``)."""
 
     position = "user"  # the variant replaces the question inside the user's turn
 
-    def __init__(self, k: int = 2, source: str = "template", seed: int = 0, field: str = "paraphrases"):
+    def __init__(
+        self,
+        k: int = 2,
+        source: str = "template",
+        seed: int = 0,
+        field: str = "paraphrases",
+        model=None,
+        cache: str | None = None,
+        rewrite: dict | None = None,
+    ):
         if int(k) < 2:
             raise ValueError(f"algorithm.prompt_condition.k={k} must be >= 2 (the question and a paraphrase)")
         self.k = int(k)
-        self.source = paraphrase_source(source, seed=seed, field=field)
+        extra = {"model": model, "cache": cache, **dict(rewrite or {})} if source == "model" else {}
+        self.source = paraphrase_source(source, seed=seed, field=field, **extra)
+
+    def prepare(self, records: list[dict], values: list[float]) -> None:
+        """Before a batch's prompts are rendered: a model source rewrites the batch's questions in one call."""
+        prepare = getattr(self.source, "prepare", None)
+        if prepare is not None:
+            prepare(records, [int(v) for v in values])
 
     def values(self, num_generations: int) -> list[float]:
         """The K variant indices (0: the question), G/K completions each."""
