@@ -22,6 +22,19 @@ def metric_values(batch: RolloutBatch, metric: str | None) -> torch.Tensor:
     return batch.term(metric)
 
 
+def refuse_trained_label(batch: RolloutBatch, label_term: str | None, stage: str) -> None:
+    """A label-free stage (Co-Reward, RLCCF) refuses a run that also trains on the ground truth: reward term
+    ``label_term`` must be absent or at weight 0 (reward=label_free logs accuracy at weight 0)."""
+    if label_term is None or label_term not in batch.reward_names:
+        return
+    weight = float(batch.reward_weights[batch.reward_names.index(label_term)])
+    if weight != 0.0:
+        raise ValueError(
+            f"algorithm.group_stages: {stage} trains without labels, but reward term {label_term!r} has weight "
+            f"{weight}: use reward=label_free (accuracy logged at weight 0), or set the stage's label_term=null"
+        )
+
+
 def append_reward_column(batch: RolloutBatch, name: str, scores: torch.Tensor, weight: float = 1.0) -> RolloutBatch:
     """Add a reward column computed by a group stage: raw ``scores`` under ``name`` with ``weight``,
     and ``weight · scores`` added to ``batch.reward``."""

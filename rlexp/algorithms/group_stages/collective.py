@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rlexp.algorithms.group_stages.base import append_reward_column
+from rlexp.algorithms.group_stages.base import append_reward_column, refuse_trained_label
 from rlexp.algorithms.group_stages.votes import cluster_answers
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.registry import GROUP_STAGES
@@ -234,17 +234,8 @@ class CollectiveVote:
             out.append({p: self._cache[(ctx.step, k, p)] for p in unique})
         return out
 
-    def _check_label_term(self, batch: RolloutBatch) -> None:
-        if self.label_term is not None and self.label_term in batch.reward_names:
-            weight = float(batch.reward_weights[batch.reward_names.index(self.label_term)])
-            if weight != 0.0:
-                raise ValueError(
-                    f"{_KEY}.label_term: RLCCF trains without labels, but reward term {self.label_term!r} has "
-                    f"weight {weight}: use reward=label_free (accuracy logged at weight 0), or label_term=null"
-                )
-
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
-        self._check_label_term(batch)
+        refuse_trained_label(batch, self.label_term, "CollectiveVote (RLCCF)")
         fmt = getattr(ctx, "answer_format", "hash")
         answers = [extract_answer(c, fmt, fallback_last_number=self.fallback) for c in batch.completions]
         groups: dict[int, list[int]] = {}

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from rlexp.algorithms.group_stages.base import append_reward_column
+from rlexp.algorithms.group_stages.base import append_reward_column, refuse_trained_label
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import ANSWER_CLUSTER, ANSWER_SHARE, CONDITION
 from rlexp.core.registry import GROUP_STAGES
@@ -154,13 +154,7 @@ class CrossVote:
         self.name, self.fallback, self.label_term = name, fallback_last_number, label_term
 
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
-        if self.label_term is not None and self.label_term in batch.reward_names:
-            weight = float(batch.reward_weights[batch.reward_names.index(self.label_term)])
-            if weight != 0.0:
-                raise ValueError(
-                    f"algorithm.group_stages: CrossVote trains without labels, but reward term {self.label_term!r} "
-                    f"has weight {weight}: use reward=label_free (accuracy logged at weight 0)"
-                )
+        refuse_trained_label(batch, self.label_term, "CrossVote")
         variants = row_variants(batch, "CrossVote")
         fmt = getattr(ctx, "answer_format", "hash")
         answers = [extract_answer(c, fmt, fallback_last_number=self.fallback) for c in batch.completions]
