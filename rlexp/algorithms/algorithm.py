@@ -125,6 +125,10 @@ class Algorithm:
     # the sampling/policy mismatch correction the method applies (rlexp.algorithms.regularisers.rollout_correction:
     # ``mode``, ``threshold``; EAD's truncated IS) when trainer.rollout_correction is null; null: none
     rollout_correction: Any = None
+    # CAPO's token mask (rlexp.algorithms.regularisers.curvature.CurvatureMask): tokens whose update a last-layer
+    # curvature model finds unstable leave each mini-batch's loss; its features come from the old log-probs' forward.
+    # null: none
+    curvature_mask: Any = None
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):
@@ -150,6 +154,14 @@ class Algorithm:
             if unknown:
                 raise ValueError(f"algorithm.rollout_correction: unknown setting(s) {unknown}; known: mode, threshold")
             self.rollout_correction = RolloutCorrection(**cfg)
+        if self.curvature_mask is not None:
+            if not callable(self.curvature_mask) or not hasattr(self.curvature_mask, "top_k"):
+                raise ValueError(
+                    "algorithm.curvature_mask must be rlexp.algorithms.regularisers.curvature.CurvatureMask, got "
+                    f"{type(self.curvature_mask).__name__}"
+                )
+            if self.loss_support_k:
+                raise ValueError("algorithm.curvature_mask and a sparse-support loss (TROLL) both read the old top-K")
         if self.action_mask is not None and not isinstance(self.action_mask, ActionMaskSettings):
             self.action_mask = ActionMaskSettings(**dict(self.action_mask))
         if self.action_mask is not None and self.loss_vocab_mean:
@@ -273,6 +285,12 @@ class Algorithm:
         from rlexp.algorithms.advantages.hidden_rank import hidden_rank_settings
 
         return hidden_rank_settings(self.advantage)
+
+    @property
+    def curvature_topk(self) -> int:
+        """K > 0: CAPO's curvature mask reads the old policy's final hidden states and top-K tokens, kept by the old
+        log-probs' forward in ``batch.extras`` (``rlexp.core.masks.CURVATURE_*``); 0: none."""
+        return int(self.curvature_mask.top_k) if self.curvature_mask is not None else 0
 
     @property
     def loss_minp(self) -> float:

@@ -50,6 +50,12 @@ HIDDEN_RANK = "hidden_rank"
 # (group_stages.votes.AnswerVotes; label-free advantages such as RESTRAIN)
 ANSWER_CLUSTER = "answer_cluster"
 ANSWER_SHARE = "answer_share"
+# CAPO's curvature mask (rlexp.algorithms.regularisers.curvature): the old policy's (N, T, d) final hidden states and
+# the (N, T, K) ids and log-probs of each position's top-K tokens, kept by the old log-probs' forward when
+# algorithm.curvature_mask is set and consumed by the mask before the update
+CURVATURE_HIDDEN = "curvature_hidden"
+CURVATURE_TOPK_IDX = "curvature_topk_idx"
+CURVATURE_TOPK_LOGP = "curvature_topk_logp"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

@@ -447,6 +447,9 @@ class Trainer:
         if hidden_rank is not None:
             rows = torch.zeros(len(batch), 3, device=batch.sampling_logprobs.device)
             token_out["hidden_rank"] = batch.extras[HIDDEN_RANK] = rows
+        curvature_k = self.algo.curvature_topk  # CAPO: the final hidden states and top-K tokens, for its token mask
+        if curvature_k:
+            token_out["curvature"] = {}
         recompute = (self.recompute_old_logprobs and not on_policy_now) or support_k
         if token_out or recompute:  # one no-grad forward of the weights the update starts from
             old = batch_logprobs(
@@ -462,7 +465,10 @@ class Trainer:
                 token_out=token_out,
                 minp=self.algo.loss_minp,
                 hidden_rank=hidden_rank,
+                curvature_topk=curvature_k,
             )
+        if curvature_k:  # consumed by the mask in policy_update
+            batch.extras.update(token_out.pop("curvature"))
         if getattr(schedule, "needs_entropy", False):  # HAPO's sampler: this step's entropy statistics, for the next
             schedule.observe(batch.extras[TOKEN_ENTROPY], batch.completion_mask)
         if recompute:

@@ -60,6 +60,7 @@ def batch_logprobs(
     token_out: dict[str, torch.Tensor] | None = None,
     minp: float = 0.0,
     hidden_rank: dict | None = None,
+    curvature_topk: int = 0,
 ):
     """(N, T) log-probs of the batch's completion tokens under ``model`` (no grad). With ``topk`` K > 0 also the
     (N, T, K) ids and log-probs of each position's K most likely tokens (TROLL's old support): a triple.
@@ -67,11 +68,18 @@ def batch_logprobs(
     ``proxy_logp`` (the sampled token's log-prob under the min-p proxy with threshold ``minp``: Lp-Reg) and
     ``mean_logp`` (the vocabulary mean of the log-probs at each position: ROVER); and the (N, 3) ``hidden_rank``
     (VERL: each completion's hidden-state effective rank, its velocity and acceleration, with ``hidden_rank``'s
-    {stride, center}; ``rlexp.algorithms.advantages.hidden_rank.rank_statistics``)."""
-    token_out = token_out or {}
+    {stride, center}; ``rlexp.algorithms.advantages.hidden_rank.rank_statistics``). ``curvature_topk`` K > 0 (CAPO):
+    ``token_out["curvature"]`` (a dict, created if absent) receives the (N, T, d) final hidden states and the (N, T, K)
+    ids and log-probs of each position's top-K tokens under ``rlexp.core.masks``' ``CURVATURE_*`` keys."""
+    token_out = {} if token_out is None else token_out
     hidden = [] if "hidden_rank" in token_out else None
     if hidden is not None:
         from rlexp.algorithms.advantages.hidden_rank import rank_statistics
+    curvature = token_out.setdefault("curvature", {}) if curvature_topk > 0 else None
+    if curvature is not None:
+        if topk > 0:
+            raise ValueError("batch_logprobs: topk (TROLL's support) and curvature_topk (CAPO) both set")
+        hidden = [] if hidden is None else hidden
     out = torch.zeros_like(batch.sampling_logprobs)
     if topk > 0:
         n, t = out.shape
@@ -90,7 +98,7 @@ def batch_logprobs(
             autocast_dtype=autocast_dtype,
             share_prompts=share_prompts and mb.prompt_groups is not None,
             prompt_groups=mb.prompt_groups,
-            topk=topk,
+            topk=topk if curvature is None else curvature_topk,
             vocab_mask=action_mask.vocab_mask(p, pm, c, cm, autocast_dtype) if action_mask is not None else None,
             with_entropy="entropy" in token_out,
             minp_proxy=minp if "proxy_logp" in token_out else 0.0,
@@ -98,9 +106,12 @@ def batch_logprobs(
             hidden_out=hidden,
         )
         out[mb.dev_idx, :end] = res[0] * cm
-        if hidden is not None:  # reduced per micro-batch: the hidden states are never kept for the whole batch
-            stats = rank_statistics(hidden.pop(), cm, hidden_rank["stride"], hidden_rank["center"])
+        last_hidden = hidden.pop() if hidden is not None else None
+        if "hidden_rank" in token_out:  # reduced per micro-batch: the hidden states are never kept for the whole batch
+            stats = rank_statistics(last_hidden, cm, hidden_rank["stride"], hidden_rank["center"])
             token_out["hidden_rank"][mb.dev_idx] = stats.to(token_out["hidden_rank"].dtype)
+        if curvature is not None:  # CAPO: kept whole (its mask needs the advantages, computed after this forward)
+            _keep_curvature_features(curvature, out.shape, mb.dev_idx, end, last_hidden, res[2])
         if "entropy" in token_out:
             token_out["entropy"][mb.dev_idx, :end] = res[1].to(out.dtype) * cm
         if "proxy_logp" in token_out:
@@ -112,6 +123,22 @@ def batch_logprobs(
             top_idx[mb.dev_idx, :end, :k] = res[2]["topk_idx"]
             top_lp[mb.dev_idx, :end, :k] = res[2]["topk_logp"].to(out.dtype)
     return (out, top_idx, top_lp) if topk > 0 else out
+
+
+def _keep_curvature_features(into: dict, shape, rows, end: int, hidden: torch.Tensor, extra: dict) -> None:
+    """Write one micro-batch's final hidden states and top-K ids / log-probs into CAPO's (N, T, ·) feature tensors,
+    allocated at the first micro-batch."""
+    from rlexp.core.masks import CURVATURE_HIDDEN, CURVATURE_TOPK_IDX, CURVATURE_TOPK_LOGP
+
+    k = extra["topk_idx"].shape[-1]
+    if not into:
+        n, t = shape
+        into[CURVATURE_HIDDEN] = hidden.new_zeros(n, t, hidden.shape[-1])
+        into[CURVATURE_TOPK_IDX] = torch.zeros(n, t, k, dtype=torch.long, device=hidden.device)
+        into[CURVATURE_TOPK_LOGP] = torch.zeros(n, t, k, dtype=torch.float32, device=hidden.device)
+    into[CURVATURE_HIDDEN][rows, :end] = hidden.to(into[CURVATURE_HIDDEN].dtype)
+    into[CURVATURE_TOPK_IDX][rows, :end] = extra["topk_idx"]
+    into[CURVATURE_TOPK_LOGP][rows, :end] = extra["topk_logp"].float()
 
 
 def policy_update(
@@ -164,8 +191,14 @@ def policy_update(
     n_steps = mu * len(parts) * passes
     on_policy = n_steps == 1 and batch.old_logprobs is None and not stale
     steps = []  # per mini-batch: (rows' batch, mask, old log-probs, normaliser, token count, micro-batch plan)
+    curvature = []  # CAPO: each mini-batch's curvature-mask counts
     for part in parts:
         part_mask = mask if part is batch else loss_mask(part)
+        if algo.curvature_mask is not None:  # CAPO: tokens whose step the curvature model finds unstable leave the loss
+            lr = optimizer.param_groups[0]["lr"]
+            keep, counts = algo.curvature_mask(part, part_mask, lr=lr, temperature=temperature, optimizer=optimizer)
+            part_mask = part_mask * keep
+            curvature.append(counts)
         if part is batch:
             part_old = old
         else:
@@ -175,6 +208,12 @@ def policy_update(
         steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
+    if curvature:
+        from rlexp.algorithms.regularisers.curvature import CURVATURE_FEATURES, curvature_metrics
+
+        sums.update(curvature_metrics(curvature))
+        for k in CURVATURE_FEATURES:  # the features were sliced into the mini-batches and consumed there
+            batch.extras.pop(k, None)
     plans = [mb for *_, plan in steps for mb in plan]
     positions = sum(mb.positions for mb in plans)
     sums["train/micro_batches"] = float(len(plans))

@@ -50,6 +50,7 @@ def _kind_of(key: str) -> Registry | None:
         "group_stages": GROUP_STAGES,
         "critic": CRITICS,
         "entropy_control": REGULARISERS,
+        "curvature_mask": REGULARISERS,
         "prompt_condition": PROMPT_CONDITIONS,
         "terms": REWARDS,
     }.get(head)
