@@ -575,12 +575,14 @@ class Trainer:
     @property
     def stateful_parts(self) -> list:
         """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
-        masking policy, then the entropy bonus's coefficient, then a per-token temperature's statistics (HAPO)."""
+        masking policy, then the entropy bonus's coefficient, then a per-token temperature's statistics (HAPO), then
+        CAPO's model of the optimiser's moments."""
         masking = [self.action_mask] if self.action_mask is not None else []
         bonus = [self.algo.entropy_control] if self.algo.entropy_control is not None else []
         schedule = getattr(self.rollout, "token_temperature", None)
         temperature = [schedule] if hasattr(schedule, "state_dict") else []
-        return [*self.algo.group_stages, *masking, *bonus, *temperature]
+        curvature = [self.algo.curvature_mask] if self.algo.curvature_mask is not None else []
+        return [*self.algo.group_stages, *masking, *bonus, *temperature, *curvature]
 
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:

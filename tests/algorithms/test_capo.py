@@ -235,3 +235,15 @@ def test_capo_two_steps_on_the_tiny_model_log_the_masked_share(tiny_cfg):
     assert 0.0 < m["capo/masked_token_frac"] < 1.0
     assert m["capo/policy_shift_mean"] > 0 and m["capo/objective_shift_abs_mean"] > 0
     assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"])
+
+
+def test_capo_moment_model_resumes_from_the_checkpoint(tiny_cfg):
+    """A run stopped after step 2 and resumed to step 3 continues the moment model (2 steps per training step):
+    6 moment steps at step 3, not 2 as a fresh model would count."""
+    from rlexp.runs.training import run
+    from tests.algorithms.varying_reward import VARYING
+
+    fast = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2", "algorithm=capo"]
+    run(tiny_cfg(*VARYING, *fast, "trainer.checkpoint_every=1"))
+    again = run(tiny_cfg(*VARYING, *fast, "trainer.checkpoint_every=1", "trainer.max_steps=3", "trainer.resume=true"))
+    assert again.last_step == 3 and again.metrics["capo/moment_steps"] == 6.0

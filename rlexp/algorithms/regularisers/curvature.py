@@ -92,10 +92,19 @@ class AdamMoments:
         self.v[uniq] = self.beta2 * self.v[uniq] + (1 - self.beta2) * mean * mean
 
     def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v, "t": self.t}
+        return {
+            "m": self.m,
+            "v": self.v,
+            "t": self.t,
+            "kind": self.kind,
+            "betas": (self.beta1, self.beta2),
+            "eps": self.eps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.m, self.v, self.t = state["m"], state["v"], int(state["t"])
+        if "betas" in state:
+            self.kind, (self.beta1, self.beta2), self.eps = state["kind"], state["betas"], float(state["eps"])
 
 
 @torch.no_grad()
