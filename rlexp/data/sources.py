@@ -198,10 +198,14 @@ def cell_text(row: dict, column: str, source: str, index: int, numbers: bool = T
     float (or a bool) is its ``str`` (a numeric answer column); anything else — null (JSON ``null``, a missing
     parquet/CSV value, NaN), a list, a dict, a blank string — is a ``ConfigError`` naming ``source``, the row
     (1-based, as in the file's records) and the column, instead of the string ``"None"`` or ``"['What is', 3]"``."""
+    return text_value(row[column], f"{source} row {index + 1}: column {column!r}", numbers)
+
+
+def text_value(value, where: str, numbers: bool = True) -> str:
+    """``cell_text`` for a value already taken out of its row; ``where`` opens the error message (it names the
+    file, the row and the column or path: ``rlexp.data.hub`` reads nested fields and names jsonl lines)."""
     from rlexp.config.schema import ConfigError
 
-    value = row[column]
-    where = f"{source} row {index + 1}: column {column!r}"
     if isinstance(value, str):
         if not value.strip():
             raise ConfigError(f"{where} is {'empty' if not value else 'blank'}")
