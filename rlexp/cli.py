@@ -14,6 +14,8 @@ commands:
   list      list config options (`rlexp list algorithms|models|...`), parts (`rlexp list parts`) or papers
             (`rlexp list papers [--json]`)
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
+  reproduce reproduce a paper's claim: the missing runs, the table beside the paper's, the verdict, the claims
+            ledger (`rlexp reproduce <experiment> [--scale cpu|gpu] [--dry-run]`; `rlexp reproduce --help`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
   bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
 
@@ -28,6 +30,7 @@ COMMANDS = {
     "bench": ("rlexp.commands.bench", True),
     "list": ("rlexp.commands.listing", False),
     "compare": ("rlexp.commands.compare", False),
+    "reproduce": ("rlexp.commands.reproduce", False),
     "replay": ("rlexp.commands.replay", False),
 }
 

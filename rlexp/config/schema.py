@@ -161,6 +161,8 @@ class RLExpConfig:
         "rlexp"  # MLflow experiment / W&B project (conf/experiment/ is the group of experiment files)
     )
     trial: TrialConfig = field(default_factory=TrialConfig)
+    # an experiment file's `rlexp reproduce` spec (rlexp/reproduce/spec.py): read by that command, ignored by training
+    reproduce: Any = None
 
 
 @dataclass

@@ -156,7 +156,14 @@ BENCH_EXAMPLES = (
     "length/median",
     "length/truncated_frac",
 )
-ACCURACY_METRICS = ("accuracy", "eval/accuracy", "groups/all_correct_frac", "groups/all_wrong_frac")
+ACCURACY_METRICS = (
+    "accuracy",
+    "eval/accuracy",
+    "groups/all_correct_frac",
+    "groups/all_wrong_frac",
+    "length/correct_mean",
+    "length/wrong_mean",
+)
 NEAR_MISS = 0.9  # difflib ratio from which a name outside the closed namespaces counts as a typo of a known one
 
 
@@ -191,6 +198,7 @@ class ProducedMetrics:
         out |= {f"reward/{t}/{s}" for t in self.reward_terms for s in REWARD_TERM_STATS}
         if self.accuracy_term:
             out |= {"accuracy", "groups/all_correct_frac", "groups/all_wrong_frac"}
+            out |= {"length/correct_mean", "length/wrong_mean"}  # when the step has such completions
         if self.greedy_eval:
             out |= {"eval/length/mean", "eval/length/truncated_frac"}
             if self.accuracy_term:  # the gain over the step-0 evaluation (trainer.eval_at_start)

@@ -47,6 +47,11 @@ def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, f
         float(lengths.min()),
     )
     m["length/truncated_frac"] = float(batch.truncated.float().mean())
+    if accuracy_term and accuracy_term in batch.reward_names:  # Dr. GRPO's length bias shows on wrong answers
+        acc = batch.term(accuracy_term)
+        for name, rows in (("correct", acc >= 1.0 - 1e-8), ("wrong", acc <= 1e-8)):
+            if rows.any():  # logged only when the step has such completions (partial credit is neither)
+                m[f"length/{name}_mean"] = float(lengths[rows].mean())
     m["batch/completions"] = float(len(batch))
     m.update({k: float(v) for k, v in batch.stats.items()})
     return m
