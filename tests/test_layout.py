@@ -26,6 +26,8 @@ FORBIDDEN = {
     "models": (*APPS, "rlexp.algorithms", "rlexp.rewards"),
     "config": (*APPS, "rlexp.algorithms"),
     "optimizers": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data"),
+    # running generated code (the sandbox, test suites): below the code reward and the code benchmarks
+    "execution": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data", "rlexp.samplers", "rlexp.evaluation"),
 }
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from rlexp.evaluation.sandbox import run_many
+from rlexp.execution.sandbox import run_many
+from rlexp.execution.testcases import complete_code, run_tests_many, suite_of
 from rlexp.rewards.answers import choice_letter, extract_answer, math_equal
 from rlexp.rewards.terms import check_answer
 
@@ -144,4 +145,47 @@ class CodeChecker:
 
     def equivalent(self, a: str, b: str, record: dict) -> bool:
         strip = lambda s: "\n".join(l.rstrip() for l in s.strip().splitlines() if l.strip())
+        return strip(a) == strip(b)
+
+
+class TestsChecker:
+    """Functional correctness against each record's own test suite (``metadata.tests``; the shapes of
+    ``rlexp.execution.testcases``: MBPP asserts, HumanEval(+) check functions, APPS / LiveCodeBench / Codeforces
+    standard-input and call-based tests), run in the sandbox: ``timeout`` seconds per test, ``memory_mb`` address
+    space, no network, ``workers`` programs at once; ``max_tests`` runs only the first tests of a problem (``None``:
+    all), ``max_total`` caps the seconds of one program. Correct = every test passes; ``last_results`` holds each
+    program's outcome (``passed``, ``failed (3/5 tests): test 4: ...``, ``timeout ...``, ``compile_error ...``)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(
+        self,
+        timeout: float = 6.0,
+        memory_mb: int = 1024,
+        workers: int = 2,
+        max_tests: int | None = None,
+        max_total: float | None = None,
+    ):
+        if timeout <= 0:
+            raise ValueError(f"checker.timeout={timeout} must be > 0")
+        if max_tests is not None and max_tests < 1:
+            raise ValueError(f"checker.max_tests={max_tests} must be >= 1 (or null for all)")
+        self.timeout, self.memory_mb, self.workers = timeout, memory_mb, workers
+        self.max_tests, self.max_total = max_tests, max_total
+        self.last_results = []
+        self.last_runs = []
+
+    def check(self, answers: list[str | None], records: list[dict]) -> list[float]:
+        jobs = []
+        for a, r in zip(answers, records):
+            meta = r.get("metadata") or {}
+            code = complete_code(a, meta.get("prompt"), meta.get("entry_point")) if a is not None else None
+            jobs.append((code, suite_of(r)))
+        runs = run_tests_many(jobs, self.timeout, self.memory_mb, self.workers, self.max_tests, self.max_total)
+        self.last_runs = runs
+        self.last_results = [None if a is None else run.describe() for a, run in zip(answers, runs)]
+        return [float(run.all_passed) for run in runs]
+
+    def equivalent(self, a: str, b: str, record: dict) -> bool:
+        strip = lambda s: "\n".join(l.rstrip() for l in s.strip().splitlines() if l.strip())  # noqa: E731
         return strip(a) == strip(b)

@@ -75,6 +75,8 @@ def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
         fails.append(res.failures or [False] * len(samples))
         missing = res.missing or [False] * len(samples)
         unscored = [u and (f or m) for u, f, m in zip(unscored, fails[-1], missing)]
+        for key, value in (res.metrics or {}).items():  # a term's own scalars (TermResult.metrics)
+            batch.stats[f"reward/{name}/{key}"] = float(value)
     device = batch.completion_ids.device
     batch.rewards = torch.tensor(cols, dtype=torch.float32, device=device).T.contiguous()
     batch.reward_failures = torch.tensor(fails, dtype=torch.bool, device=device).T.contiguous()

@@ -34,6 +34,9 @@ class TermResult:
     scores: list[float]
     failures: list[bool] = field(default_factory=list)  # the term raised on the sample (scored 0)
     missing: list[bool] = field(default_factory=list)  # the term returned None, "does not apply" (scored 0)
+    # the term's own scalars for the step's metrics, logged as reward/<term name>/<key> (the code reward's
+    # compile errors, timeouts and throughput); keys must not be mean, std or failures (the trainer's own)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RewardTerm:
