@@ -60,7 +60,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlexp.data.sources import DatasetSplits, _jsonable, _split, load_table, parse_gsm8k_answer, text_value
+from rlexp.data.sources import (
+    DatasetSplits,
+    _jsonable,
+    _split,
+    load_table,
+    package_file,
+    parse_gsm8k_answer,
+    text_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +430,7 @@ class Rows:
 def read_rows(path: str) -> Rows:
     """A local file's rows; a jsonl file keeps each row's line number (for messages)."""
     source = f"dataset.path={path}"
-    p = Path(path)
+    p = package_file(path)
     if p.suffix != ".jsonl":
         if not p.exists():
             raise FileNotFoundError(f"{source}: file not found")

