@@ -69,13 +69,20 @@ def extract_last_number(text: str) -> str | None:
     return nums[-1].replace(",", "") if nums else None
 
 
+# the prompts' own placeholder for the answer ("End with '#### <answer>'"): a completion that copies it states nothing
+# (a label-free vote would otherwise reward the copied placeholder as a consensus answer: Co-Reward on SmolLM2)
+PLACEHOLDERS = frozenset({"<answer>", "answer", "<your answer>", "your answer", "..."})
+
+
 def extract_answer(text: str, answer_format: str = "auto", fallback_last_number: bool = False) -> str | None:
+    """The stated final answer in ``answer_format`` (``auto``: hash, tag, boxed in turn); a copied placeholder
+    (``PLACEHOLDERS``) is no answer; with ``fallback_last_number`` the last number of the text stands in."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format={answer_format!r} is not one of {ANSWER_FORMATS}")
     names = ("hash", "tag", "boxed") if answer_format == "auto" else (answer_format,)
     for name in names:
         ans = EXTRACTORS[name](text)
-        if ans is not None:
+        if ans is not None and ans.strip().lower() not in PLACEHOLDERS:
             return ans
     return extract_last_number(text) if fallback_last_number else None
 

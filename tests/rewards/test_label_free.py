@@ -30,3 +30,17 @@ def test_min_share_withholds_a_weak_pseudo_label():
     assert term(samples).scores == [0.0] * 4
     with pytest.raises(ValueError, match="min_share"):
         MajorityVote(min_share=2.0)
+
+
+def test_a_copied_answer_placeholder_is_no_answer_and_never_wins_a_vote():
+    """SmolLM2 under Co-Reward learned to end with the prompt's own '#### <answer>': a consensus of copies."""
+    from rlexp.algorithms.group_stages.votes import cross_vote_rewards
+    from rlexp.rewards.answers import extract_answer
+
+    assert extract_answer("61 + 73 = 124.\n#### <answer>", "hash") is None
+    assert extract_answer("61 + 73 = 124.\n#### <answer>", "hash", fallback_last_number=True) == "124"
+    assert extract_answer("<answer>answer</answer>", "tag") is None
+    copies = [extract_answer(t, "hash") for t in ["#### <answer>", "#### <Answer>", "#### 5", "#### <answer>"]]
+    assert copies == [None, None, "5", None]
+    scores, labels = cross_vote_rewards(copies, [0, 0, 1, 1])
+    assert labels == {0: "5", 1: None} and scores == [0.0, 0.0, 0.0, 0.0]
