@@ -31,8 +31,9 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 
 # Runs inside the child: disables sockets (defence in depth; the namespace already has no network),
 # then executes the program read from stdin. Exit status 0 = every assertion passed.
-_RUNNER = r"""
-import socket, sys
+# the child's first lines, shared by every runner: sockets raise (the test harness of ``testcases`` starts with it too)
+NO_NETWORK = r"""
+import socket
 class _NoSocket(socket.socket):
     def __init__(self, *a, **k):
         raise OSError("network access is disabled in the rlexp sandbox")
@@ -41,10 +42,16 @@ def _no_net(*a, **k):
 socket.socket = _NoSocket
 for _name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname"):
     setattr(socket, _name, _no_net)
+"""
+_RUNNER = (
+    NO_NETWORK
+    + r"""
+import sys
 _src = sys.stdin.read()
 sys.stdin = open("/dev/null")
 exec(compile(_src, "<program>", "exec"), {"__name__": "__main__"})
 """
+)
 
 
 @dataclass

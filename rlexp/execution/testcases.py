@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from rlexp.execution.sandbox import run_child
+from rlexp.execution.sandbox import NO_NETWORK, run_child
 
 KINDS = ("asserts", "stdio", "call")
 
@@ -52,18 +52,11 @@ CALL_PRELUDE = (
 )
 
 # the child: reads {"code", "suite", "timeout"} from stdin, reports one JSON line per event on the original stdout
-_HARNESS = r"""
+_HARNESS = (
+    NO_NETWORK
+    + r"""
 import copy, io, json, os, signal, socket, sys
 from decimal import Decimal, InvalidOperation
-
-class _NoSocket(socket.socket):
-    def __init__(self, *a, **k):
-        raise OSError("network access is disabled in the rlexp sandbox")
-def _no_net(*a, **k):
-    raise OSError("network access is disabled in the rlexp sandbox")
-socket.socket = _NoSocket
-for _name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname"):
-    setattr(socket, _name, _no_net)
 
 _P = json.loads(sys.stdin.buffer.read().decode("utf-8"))
 _OUT = os.fdopen(os.dup(1), "w", buffering=1)
@@ -214,6 +207,7 @@ else:
         _emit(event="case", i=i, status=status, detail=detail[:300])
 _emit(event="done")
 """
+)
 
 
 @dataclass
