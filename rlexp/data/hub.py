@@ -67,6 +67,7 @@ from rlexp.data.sources import (
     load_table,
     package_file,
     parse_gsm8k_answer,
+    read_jsonl,
     text_value,
 )
 
@@ -431,25 +432,14 @@ def read_rows(path: str) -> Rows:
     """A local file's rows; a jsonl file keeps each row's line number (for messages)."""
     source = f"dataset.path={path}"
     p = package_file(path)
-    if p.suffix != ".jsonl":
-        if not p.exists():
-            raise FileNotFoundError(f"{source}: file not found")
-        return Rows(load_table(path), source)
     if not p.exists():
         raise FileNotFoundError(f"{source}: file not found")
-    rows, lines = [], []
-    with p.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise _config_error(f"{source} line {n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise _config_error(f"{source} line {n}: not a JSON object")
-            rows.append(row)
-            lines.append(n)
+    if p.suffix != ".jsonl" and not p.name.endswith(".jsonl.gz"):
+        return Rows(load_table(path), source)
+    try:
+        rows, lines = read_jsonl(p, source)
+    except ValueError as e:
+        raise _config_error(str(e)) from None
     return Rows(rows, source, lines)
 
 

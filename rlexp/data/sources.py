@@ -156,27 +156,34 @@ def package_file(path: str) -> Path:
     return Path(spec.origin).parent / rel
 
 
+def read_jsonl(p: Path, source: str) -> tuple[list[dict], list[int]]:
+    """The rows of a .jsonl (or .jsonl.gz) file and the line each came from (blank lines skipped); a line that is
+    not a JSON object is refused naming ``source`` and the line."""
+    import gzip
+
+    rows, lines = [], []
+    with gzip.open(p, "rt") if p.suffix == ".gz" else p.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{source} line {n} is not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{source} line {n} is not a JSON object")
+            rows.append(row)
+            lines.append(n)
+    return rows, lines
+
+
 def load_table(path: str) -> list[dict]:
     """The rows of a .jsonl (or .jsonl.gz), .json, .parquet or .csv file (``pkg:`` paths: ``package_file``)."""
     p = package_file(path)
     if not p.exists():
         raise FileNotFoundError(f"dataset file not found: {path}")
     if p.suffix == ".jsonl" or p.name.endswith(".jsonl.gz"):
-        import gzip
-
-        rows = []
-        with gzip.open(p, "rt") if p.suffix == ".gz" else p.open() as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {n} is not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}: line {n} is not a JSON object")
-                rows.append(row)
-        return rows
+        return read_jsonl(p, f"{path}:")[0]
     if p.suffix == ".json":
         data = json.loads(p.read_text())
         return data if isinstance(data, list) else data["data"]

@@ -417,7 +417,7 @@ def test_missing_nested_field_names_line_and_path(tmp_path):
 def test_invalid_json_line_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": \n')
-    with pytest.raises(ConfigError, match=r"d\.jsonl line 2: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"d\.jsonl line 2 is not valid JSON"):
         _load("deepscaler", tmp_path, f"dataset.path={path}")
 
 
