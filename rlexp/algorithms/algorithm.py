@@ -129,6 +129,9 @@ class Algorithm:
     # curvature model finds unstable leave each mini-batch's loss; its features come from the old log-probs' forward.
     # null: none
     curvature_mask: Any = None
+    # EGPO's extragradient update (rlexp.trainer.extragradient): odd steps take a look-ahead step from a backup of the
+    # weights and optimiser state, even steps restore the backup and update it with the look-ahead's samples
+    extragradient: bool = False
 
     def __post_init__(self):
         if isinstance(self.kl, dict) or not isinstance(self.kl, KLSettings):

@@ -335,6 +335,18 @@ def check_algorithm(a: DictConfig) -> None:
 
     if not isinstance(a, DictConfig):
         return
+    if a.get("backend") is not None:  # a method run by another library's trainer (rlexp/preference: TRL)
+        if a.backend != "trl":
+            raise ConfigError(f"algorithm.backend={a.backend!r}: only 'trl' (rlexp.preference) or unset (our trainer)")
+        from rlexp.preference.method import check_method
+
+        options = a.get("options")
+        check_method(
+            a.get("trainer"),
+            a.get("beta", 0.1),
+            OmegaConf.to_container(a.loss_type) if OmegaConf.is_config(a.get("loss_type")) else a.get("loss_type"),
+            OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else options,
+        )
     for part in ("advantage", "loss"):
         node = a.get(part)
         if not isinstance(node, DictConfig) or "_target_" not in node:

@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.schema import validate
+from rlexp.preference.runner import is_trl_backed
 from rlexp.runs.setup import (
     build,
     build_reward_term,
@@ -105,6 +106,10 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
     identity = claim_identity(run_dir, t.resume)
     prov = {**collect_provenance(cfg, run_dir), "run_uid": identity.uid}
     resuming = t.resume and find_checkpoint(run_dir / "checkpoints") is not None
+    if is_trl_backed(cfg):  # a TRL-backed preference method resumes from transformers' checkpoint-N directories
+        from rlexp.preference.runner import find_trl_checkpoint
+
+        resuming = t.resume and find_trl_checkpoint(run_dir) is not None
     written = False
     if not resuming:
         save_provenance(cfg, run_dir, prov)
@@ -129,6 +134,10 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
 
 
 def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity):
+    if is_trl_backed(cfg):  # algorithm.backend=trl: TRL's DPO/KTO/ORPO/online-DPO trainer in our run (rlexp.preference)
+        from rlexp.preference.runner import build_run
+
+        return build_run(cfg, t, device, run_dir, callbacks, tags, identity)
     from rlexp.models.loading import load_model
     from rlexp.trainer.loop import Trainer
 

@@ -225,6 +225,11 @@ class Trainer:
         from rlexp.trainer.slow_fast import SlowFastSchedule
 
         self.slow_fast = SlowFastSchedule(algorithm.slow_fast)  # SFPO: fast steps, reposition, slow correction
+        self.extragradient = None
+        if algorithm.extragradient:  # EGPO: look-ahead steps from a backup, restored before the next update
+            from rlexp.trainer.extragradient import Extragradient
+
+            self.extragradient = Extragradient()
         # the batch is off-policy when the policy moves within a rollout, or when it was generated a step
         # ahead (trainer.async_rollout: by the weights before the previous update)
         off_policy = (
@@ -495,6 +500,8 @@ class Trainer:
             kl_metrics.update(correction_stats)
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.compute_advantages(batch)
+            if self.extragradient is not None:
+                kl_metrics.update(self.extragradient.before_update(step, self.train_model, self.optimizer))
             train = policy_update(
                 self.train_model,
                 self.optimizer,
@@ -576,13 +583,14 @@ class Trainer:
     def stateful_parts(self) -> list:
         """Parts whose state a checkpoint keeps by position: the group stages (RePO's replay buffer), then NLPO's
         masking policy, then the entropy bonus's coefficient, then a per-token temperature's statistics (HAPO), then
-        CAPO's model of the optimiser's moments."""
+        CAPO's model of the optimiser's moments, then EGPO's backup."""
         masking = [self.action_mask] if self.action_mask is not None else []
         bonus = [self.algo.entropy_control] if self.algo.entropy_control is not None else []
         schedule = getattr(self.rollout, "token_temperature", None)
         temperature = [schedule] if hasattr(schedule, "state_dict") else []
         curvature = [self.algo.curvature_mask] if self.algo.curvature_mask is not None else []
-        return [*self.algo.group_stages, *masking, *bonus, *temperature, *curvature]
+        extragradient = [self.extragradient] if self.extragradient is not None else []
+        return [*self.algo.group_stages, *masking, *bonus, *temperature, *curvature, *extragradient]
 
     # ---- the loop -----------------------------------------------------------------------------
     def restore(self) -> int:

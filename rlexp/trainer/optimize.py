@@ -250,6 +250,8 @@ def policy_update(
                     selected = algo.loss.select(current, old_all, part.advantages, part_mask, batch=part)
                 else:
                     selected = algo.loss.select(current, old_all, part.advantages, part_mask)
+                for k, v in getattr(algo.loss, "select_stats", {}).items():  # pairwise losses: means over the pairs
+                    sums[k] += v / n_steps
             for mb in plan:
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(part)
