@@ -139,6 +139,21 @@ def test_method_trains_two_steps(method, tiny_cfg):
         assert m["entropy_bonus/entropy"] > 0 and m["entropy_bonus/coef"] > 0
     if method == "spine":  # the band acts on the forking tokens
         assert m["entropy/selected_frac"] < 0.5 and m["entropy_band/above"] > 0
+    # issue 24: the online pairwise methods found pairs in their groups and their mechanism acted
+    if method in ("spo_minimax", "p3o", "cpl", "dno", "trpa", "egpo"):
+        assert m["pref/pairs_per_group"] > 0
+    if method == "spo_minimax":  # the win rate separates the completions of a group
+        assert m["spo/win_rate_std"] > 0
+    if method == "p3o":  # 4 PPO epochs: the ratio leaves 1 from the second
+        assert m["train/optimizer_steps"] == 4.0 and (m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0)
+    if method in ("cpl", "dno", "trpa", "egpo"):  # the pairwise loss was computed on the step's pairs
+        assert m["pref/pairs"] > 0 and math.isfinite(m["pref/pair_loss"])
+    if method == "dno":  # against π_t the margin is 0 in the first epoch only
+        assert m["pref/margin"] != 0.0
+    if method == "trpa":  # the second mini-batch's KL to the rollout policy
+        assert m["trust_region/kl"] > 0
+    if method == "egpo":  # step 2 restored the backup the look-ahead of step 1 took
+        assert m["egpo/lookahead"] == 0.0 and m["egpo/lookahead_distance"] > 0
     if method == "hbpo":  # budget subgroups and their reward
         assert "hbpo/reward_mean" in m and 0.0 <= m["hbpo/within_budget_frac"] <= 1.0
     if method == "e1_effort":  # effort targets relative to the group's mean length
@@ -186,18 +201,3 @@ def test_rollout_correction_runs_and_reports(tiny_cfg):
     result = run(tiny_cfg(*VARYING, *FAST, "trainer.rollout_correction=token_truncate"))
     m = result.metrics
     assert 0.0 <= m["rollout_correction/affected_frac"] <= 1.0 and m["rollout_correction/weight_mean"] > 0
-    # issue 24: the online pairwise methods found pairs in their groups and their mechanism acted
-    if method in ("spo_minimax", "p3o", "cpl", "dno", "trpa", "egpo"):
-        assert m["pref/pairs_per_group"] > 0
-    if method == "spo_minimax":  # the win rate separates the completions of a group
-        assert m["spo/win_rate_std"] > 0
-    if method == "p3o":  # 4 PPO epochs: the ratio leaves 1 from the second
-        assert m["train/optimizer_steps"] == 4.0 and (m["ratio/max"] != 1.0 or m["ratio/min"] != 1.0)
-    if method in ("cpl", "dno", "trpa", "egpo"):  # the pairwise loss was computed on the step's pairs
-        assert m["pref/pairs"] > 0 and math.isfinite(m["pref/pair_loss"])
-    if method == "dno":  # against π_t the margin is 0 in the first epoch only
-        assert m["pref/margin"] != 0.0
-    if method == "trpa":  # the second mini-batch's KL to the rollout policy
-        assert m["trust_region/kl"] > 0
-    if method == "egpo":  # step 2 restored the backup the look-ahead of step 1 took
-        assert m["egpo/lookahead"] == 0.0 and m["egpo/lookahead_distance"] > 0
