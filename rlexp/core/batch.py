@@ -42,6 +42,23 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    @classmethod
+    def from_generation(cls, out, group_ids: torch.Tensor, prompts: list[str], records: list[dict]) -> RolloutBatch:
+        """The unscored batch of a rollout's output (``rlexp.rollout``'s generation: token ids, masks, sampling
+        log-probs, texts), one row per completion, with each row's group id, prompt text and record."""
+        return cls(
+            prompt_ids=out.prompt_ids,
+            prompt_mask=out.prompt_mask,
+            completion_ids=out.completion_ids,
+            completion_mask=out.completion_mask,
+            sampling_logprobs=out.logprobs,
+            truncated=out.truncated.to(group_ids.device),
+            group_ids=group_ids,
+            prompts=prompts,
+            completions=out.texts,
+            records=records,
+        )
+
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)

@@ -123,18 +123,9 @@ class OwnRollouts:
                 with torch.no_grad():
                     out = rollout.generate(model, tokenizer, prompts, num_generations=G)
                 n = len(part)
-                batch = RolloutBatch(
-                    prompt_ids=out.prompt_ids,
-                    prompt_mask=out.prompt_mask,
-                    completion_ids=out.completion_ids,
-                    completion_mask=out.completion_mask,
-                    sampling_logprobs=out.logprobs,
-                    truncated=out.truncated,
-                    group_ids=torch.arange(len(groups), len(groups) + n).repeat_interleave(G),
-                    prompts=[p for p in prompts for _ in range(G)],
-                    completions=out.texts,
-                    records=[r for r in part for _ in range(G)],
-                )
+                group_ids = torch.arange(len(groups), len(groups) + n).repeat_interleave(G)
+                row_prompts = [p for p in prompts for _ in range(G)]
+                batch = RolloutBatch.from_generation(out, group_ids, row_prompts, [r for r in part for _ in range(G)])
                 score(batch, reward_terms)
                 lengths = batch.lengths.tolist()
                 reward = batch.reward.tolist()

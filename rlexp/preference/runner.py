@@ -253,14 +253,9 @@ class PreferenceRun:
             self.result.eval_metrics = eval_metrics
 
     def evaluate(self, step: int) -> dict:
-        metrics = self.evaluator(self.model, self.tok, step)
-        if "eval/accuracy" in metrics:
-            from rlexp.tracking.base import read_jsonl
+        from rlexp.trainer.metrics import with_accuracy_gain
 
-            start = next((r for r in read_jsonl(self.jsonl.path) if r["step"] == 0), {}).get("eval/accuracy")
-            if isinstance(start, (int, float)):
-                metrics = {**metrics, "eval/accuracy_gain": metrics["eval/accuracy"] - start}
-        return metrics
+        return with_accuracy_gain(self.evaluator(self.model, self.tok, step), self.jsonl.path)
 
     # ---- training ------------------------------------------------------------------------------
     def train(self):

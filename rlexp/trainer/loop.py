@@ -40,7 +40,7 @@ from rlexp.rewards.scoring import score
 from rlexp.samplers.shuffle import PromptSampler
 from rlexp.tracking.base import JSONLTracker, Tracker
 from rlexp.trainer import checkpoint as ckpt
-from rlexp.trainer.metrics import batch_metrics
+from rlexp.trainer.metrics import batch_metrics, with_accuracy_gain
 from rlexp.trainer.optimize import batch_logprobs, policy_update
 
 log = logging.getLogger(__name__)
@@ -329,18 +329,7 @@ class Trainer:
             self._next_group, self._next_group + n, device=out.completion_ids.device
         ).repeat_interleave(G)
         self._next_group += n
-        batch = RolloutBatch(
-            prompt_ids=out.prompt_ids,
-            prompt_mask=out.prompt_mask,
-            completion_ids=out.completion_ids,
-            completion_mask=out.completion_mask,
-            sampling_logprobs=out.logprobs,
-            truncated=out.truncated.to(groups.device),
-            group_ids=groups,
-            prompts=row_prompts,
-            completions=out.texts,
-            records=[r for r in records for _ in range(G)],
-        )
+        batch = RolloutBatch.from_generation(out, groups, row_prompts, [r for r in records for _ in range(G)])
         if conditions is not None:
             batch.extras[CONDITION] = conditions.to(groups.device)
         batch.stats.update(getattr(out, "stats", None) or {})
@@ -752,15 +741,8 @@ class Trainer:
         self.tracker.log_metrics(metrics, 0)
 
     def _with_gain(self, metrics: dict) -> dict:
-        """``eval/accuracy_gain``: held-out accuracy now minus at step 0, when the run evaluated there (read back
-        from metrics.jsonl, so a resumed run keeps it)."""
-        if "eval/accuracy" in metrics:
-            from rlexp.tracking.base import read_jsonl
-
-            start = next((r for r in read_jsonl(self.jsonl.path) if r["step"] == 0), {}).get("eval/accuracy")
-            if isinstance(start, (int, float)):
-                metrics = {**metrics, "eval/accuracy_gain": metrics["eval/accuracy"] - start}
-        return metrics
+        """``eval/accuracy_gain`` beside the held-out metrics (``trainer.metrics.with_accuracy_gain``)."""
+        return with_accuracy_gain(metrics, self.jsonl.path)
 
     # ---- tracker bookkeeping ------------------------------------------------------------------
     def _saved_tracker_ids(self):

@@ -61,3 +61,15 @@ def _group_firsts(group_ids: torch.Tensor) -> torch.Tensor:
     first = torch.ones_like(group_ids, dtype=torch.bool)
     first[1:] = group_ids[1:] != group_ids[:-1]
     return first.nonzero().squeeze(-1)
+
+
+def with_accuracy_gain(metrics: dict, jsonl_path) -> dict:
+    """``metrics`` plus ``eval/accuracy_gain``: held-out accuracy now minus at step 0, when the run evaluated there
+    (read back from the run's metrics.jsonl, so a resumed run keeps it)."""
+    if "eval/accuracy" in metrics:
+        from rlexp.tracking.base import read_jsonl
+
+        start = next((r for r in read_jsonl(jsonl_path) if r["step"] == 0), {}).get("eval/accuracy")
+        if isinstance(start, (int, float)):
+            metrics = {**metrics, "eval/accuracy_gain": metrics["eval/accuracy"] - start}
+    return metrics

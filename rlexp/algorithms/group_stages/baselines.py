@@ -28,18 +28,7 @@ def greedy_baseline(batch: RolloutBatch, ctx, key: str = "greedy_reward") -> Rol
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         out = rollout.generate(ctx.policy, ctx.tokenizer, prompts, num_generations=1, greedy=True)
     gid = batch.group_ids[firsts]
-    greedy = RolloutBatch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        completion_ids=out.completion_ids,
-        completion_mask=out.completion_mask,
-        sampling_logprobs=out.logprobs,
-        truncated=out.truncated,
-        group_ids=gid,
-        prompts=prompts,
-        completions=out.texts,
-        records=[batch.records[i] for i in firsts],
-    )
+    greedy = RolloutBatch.from_generation(out, gid, prompts, [batch.records[i] for i in firsts])
     t1 = time.perf_counter()
     score(greedy, terms)
     batch.stats["time/reward_s"] = batch.stats.get("time/reward_s", 0.0) + time.perf_counter() - t1
