@@ -3,7 +3,8 @@ number (NaN, ±inf, None from a group-aware term) stops the step before any upda
 (``NonFiniteRewardError``): it would otherwise poison the advantages and surface only as a non-finite gradient norm.
 A sample that every term failed on (raised) or left missing (a reward function's None) is marked in
 ``batch.extras["unscored"]`` (N,) bool; its reward is 0 and it counts like any row (verl) unless
-``algorithm.unscored_rows=exclude`` (TRL: out of the group statistics, advantage 0)."""
+``algorithm.unscored_rows=exclude`` (TRL: out of the group statistics, advantage 0). A term that places rewards at
+token positions (``TermResult.token_rewards``: a dense process reward) fills ``batch.extras["token_rewards"]``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 import torch
 
 from rlexp.core.batch import RolloutBatch
-from rlexp.core.masks import UNSCORED
+from rlexp.core.masks import TOKEN_REWARDS, UNSCORED
 from rlexp.rewards.terms import RewardTerm, Sample
 
 
@@ -67,8 +68,11 @@ def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
         raise ValueError("reward.terms is empty: configure at least one reward term")
     samples = samples_of(batch)
     cols, fails, unscored = [], [], [True] * len(samples)
+    placed: dict[str, list] = {}  # terms that pay at token positions (TermResult.token_rewards)
     for name, term in terms.items():
         res = term(samples)
+        if res.token_rewards is not None:
+            placed[name] = res.token_rewards
         if len(res.scores) != len(samples):
             raise ValueError(f"reward term {name!r} returned {len(res.scores)} scores for {len(samples)} samples")
         cols.append(_finite_scores(name, res.scores, batch))
@@ -86,5 +90,27 @@ def score(batch: RolloutBatch, terms: dict[str, RewardTerm]) -> RolloutBatch:
         if not math.isfinite(t.weight):
             raise NonFiniteRewardError(f"reward.terms.{name}.weight={t.weight}: must be a finite number")
     batch.reward_weights = torch.tensor([t.weight for t in terms.values()], dtype=torch.float32, device=device)
+    if placed:
+        _place_token_rewards(batch, terms, placed)
     batch.reward = batch.rewards @ batch.reward_weights
     return batch
+
+
+def _place_token_rewards(batch: RolloutBatch, terms: dict[str, RewardTerm], placed: dict[str, list]) -> None:
+    """weight × each term's (token, reward) pairs into ``batch.extras["token_rewards"]`` (N, T); such a term pays
+    through its token rewards, so its score column enters the outcome reward at weight 0 (still logged)."""
+    n, width = batch.completion_ids.shape
+    out = torch.zeros(n, width, dtype=torch.float32)
+    names = list(terms)
+    weights = batch.reward_weights.clone()
+    for name, rows in placed.items():
+        if len(rows) != n:
+            raise ValueError(f"reward term {name!r} returned token rewards for {len(rows)} of {n} samples")
+        w = float(terms[name].weight)
+        for i, pairs in enumerate(rows):
+            for t, r in pairs:
+                if 0 <= int(t) < width:
+                    out[i, int(t)] += w * float(r)
+        weights[names.index(name)] = 0.0
+    batch.reward_weights = weights
+    batch.extras[TOKEN_REWARDS] = out.to(batch.completion_ids.device)

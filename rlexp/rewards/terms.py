@@ -37,6 +37,10 @@ class TermResult:
     # the term's own scalars for the step's metrics, logged as reward/<term name>/<key> (the code reward's
     # compile errors, timeouts and throughput); keys must not be mean, std or failures (the trainer's own)
     metrics: dict[str, float] = field(default_factory=dict)
+    # per sample, (completion token index, reward) pairs paid at those tokens (a process reward's step scores at the
+    # step ends); None: the term pays through its score only. A term that gives them pays through them: the reward
+    # stage adds weight × them to batch.extras["token_rewards"] and its score column enters the outcome at weight 0
+    token_rewards: list[list[tuple[int, float]]] | None = None
 
 
 class RewardTerm:

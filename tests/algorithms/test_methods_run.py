@@ -87,6 +87,8 @@ SPLIT_AT = {
     ],
     "info_consistent_grpo": ["trainer.num_generations=4"],
     "constrained_rlhf": ["algorithm.group_stages.0.constraints=[{term:accuracy,threshold:0.9,direction:min}]"],
+    # PROF filters on a PRM term: the varying reward stands in for it; it drops half of each group of 4
+    "prof": ["+reward.terms.prm._target_=tests.algorithms.varying_reward.VowelShare", "trainer.num_generations=4"],
 }
 
 
