@@ -23,17 +23,21 @@ def hf_sampler(
     seed: int = 0,
     batch_size: int = 4,
     system_prompt: str | None = None,
+    do_sample: bool = True,
+    reply_prefix: str = "",
 ) -> Sampler:
     """A sampler over a loaded causal LM: each question chat-templated (when the tokenizer has a template) and
-    answered ``k`` times by ``model.generate`` (``do_sample``, ``temperature``, ``top_p``), seeded from ``seed``."""
+    answered ``k`` times by ``model.generate`` (``do_sample``, ``temperature``, ``top_p``), seeded from ``seed``.
+    ``do_sample=False``: greedy decoding (``temperature`` and ``top_p`` unused; a judge's verdict). ``reply_prefix``:
+    text the reply starts with (after the assistant turn's opening; a judge's ``Score:``), not part of the output."""
 
     def render(q: str) -> str:
         if getattr(tokenizer, "chat_template", None):
             msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
                 {"role": "user", "content": q}
             ]
-            return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return q
+            return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) + reply_prefix
+        return q + reply_prefix
 
     @torch.no_grad()
     def sample(questions: Sequence[str], k: int) -> list[list[str]]:
@@ -46,11 +50,12 @@ def hf_sampler(
                 chunk = [render(q) for q in questions[i : i + batch_size]]
                 enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
                 torch.manual_seed(seed + i)  # each chunk's draws depend on the seed and the chunk only
+                how = {"do_sample": False}
+                if do_sample:
+                    how = {"do_sample": True, "temperature": temperature, "top_p": top_p}
                 ids = model.generate(
                     **enc,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=top_p,
+                    **how,
                     max_new_tokens=max_new_tokens,
                     num_return_sequences=k,
                     pad_token_id=tokenizer.pad_token_id,

@@ -149,9 +149,6 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
     rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)
-    for term in reward_terms.values():  # terms that place rewards at the sampled tokens (a dense process reward)
-        if hasattr(term, "bind_tokenizer"):
-            term.bind_tokenizer(loaded.tokenizer)
     # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
     optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None

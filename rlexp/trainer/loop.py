@@ -179,6 +179,11 @@ class Trainer:
         self.consistency = consistency  # evaluation.consistency.ConsistencyMeter: per-step consistency rates
         if consistency is not None:
             consistency.bind(model, self.reference)
+        for term in reward_terms.values():  # before training (and before a resume loads the checkpoint):
+            if hasattr(term, "bind_policy"):  # terms that judge with the policy or its initial copy (rewards.judges)
+                term.bind_policy(model, tokenizer)
+            if hasattr(term, "bind_tokenizer"):  # terms that pay rewards at the sampled tokens (rewards.process)
+                term.bind_tokenizer(tokenizer)
         self.ckpt_dir = self.run_dir / "checkpoints"
         # whether a start continues the tracker runs saved in the run directory (rlexp.runs.identity: not for a
         # fresh run or a copied directory)

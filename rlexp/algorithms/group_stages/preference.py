@@ -16,6 +16,14 @@ of them per group, drawn without replacement with the stage's seed and the step)
 matching of the group, G/2 pairs of two samples each as P3O's and EGPO's pairs; an odd group leaves one completion
 out; tied matches are no pair), or ``best_worst`` (the completion with the highest win rate against the one with the
 lowest, as DNO's batched on-policy pairs; none when they tie).
+
+With ``judge="model"`` a generative pairwise judge (``rlexp.rewards.judges.PairwiseJudge``; ``judge_model``:
+``initial`` — a frozen copy of the policy at the stage's first call —, ``policy`` — the live policy — or a ``model/``
+config; ``judge_options``: the judge's settings, e.g. ``max_new_tokens``, ``swap``, ``template``) fills P[i, k] for
+every pair of the group (``model_preference``), NaN where its verdict does not parse (no pair, not in the win rate).
+It logs ``pref/judge_failures`` (pairs without a verdict), ``pref/judge_replies`` (judge generations) and
+``pref/judge_rule_agreement`` (of the judged pairs, the share on which it sides with the rule judge on the step's
+rewards: same winner, or both a tie; absent when no pair was judged).
 """
 
 from __future__ import annotations
@@ -135,10 +143,32 @@ def select_pairs(
     return pairs
 
 
+def model_preference(judge, batch: RolloutBatch, question_key: str = "question") -> torch.Tensor:
+    """(N, W) P(y_i ≻ y_k) by a pairwise judge (``compare_many(triples) -> P or None``) over every unordered pair of
+    each group, asked once: P[k, i] = 1 − P[i, k]; NaN on the diagonal, past the group's end and where the judge gave
+    no verdict."""
+    _, start, width = group_positions(batch.group_ids.cpu())
+    pref = torch.full((len(batch), width), float("nan"))
+    triples, where = [], []
+    for s in torch.unique(start).tolist():
+        size = int((start == s).sum())
+        record = batch.records[s] if batch.records else {}
+        question = str(record.get(question_key, batch.prompts[s]))
+        for a in range(size):
+            for b in range(a + 1, size):
+                triples.append((question, batch.completions[s + a], batch.completions[s + b]))
+                where.append((s, a, b))
+    for (s, a, b), p in zip(where, judge.compare_many(triples) if triples else []):
+        if p is not None:
+            pref[s + a, b], pref[s + b, a] = float(p), 1.0 - float(p)
+    return pref.to(batch.reward.device)
+
+
 @GROUP_STAGES.register
 class PairwisePreference:
     """Group stage: the group's pairwise preferences and chosen pairs (module doc). Logs ``pref/pairs_per_group``,
-    ``pref/tie_frac`` (share of peer comparisons judged a tie) and ``pref/no_pair_group_frac``."""
+    ``pref/tie_frac`` (share of peer comparisons judged a tie) and ``pref/no_pair_group_frac``; with the model judge
+    also ``pref/judge_failures`` and ``pref/judge_rule_agreement``."""
 
     needs_reference = False
 
@@ -149,9 +179,25 @@ class PairwisePreference:
         pairs: str = "all",
         k: int | None = None,
         seed: int = 0,
+        judge_model=None,
+        judge_options: dict | None = None,
     ):
-        if judge != "reward":
-            raise ValueError(f"algorithm.group_stages: PairwisePreference.judge={judge!r}: only 'reward' (rule) exists")
+        self.model_judge = None
+        if judge == "model":  # a generative pairwise judge (module doc); judge_model must be named
+            from rlexp.rewards.judges import PairwiseJudge
+
+            try:
+                self.model_judge = PairwiseJudge(
+                    judge_model, **{"seed": seed, **dict(judge_options or {})}, owner="PairwisePreference"
+                )
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"algorithm.group_stages: PairwisePreference.judge='model': {e}") from e
+        elif judge != "reward":
+            raise ValueError(
+                f"algorithm.group_stages: PairwisePreference.judge={judge!r}: 'reward' (rule) or 'model' (a judge)"
+            )
+        elif judge_model is not None or judge_options:
+            raise ValueError("algorithm.group_stages: PairwisePreference.judge_model/judge_options need judge='model'")
         if pairs not in PAIR_MODES:
             raise ValueError(f"algorithm.group_stages: PairwisePreference.pairs={pairs!r} is not one of {PAIR_MODES}")
         if pairs == "sampled" and (k is None or k < 1):
@@ -163,6 +209,17 @@ class PairwisePreference:
         if batch.reward is None:
             raise RuntimeError("PairwisePreference runs after the reward stage")
         pref = rule_preference(batch.reward, batch.lengths, batch.group_ids, self.shorter_wins_from)
+        if self.model_judge is not None:
+            rule = pref
+            policy, tok = getattr(ctx, "policy", None), getattr(ctx, "tokenizer", None)
+            self.model_judge.bind(policy, tok, getattr(ctx, "autocast_dtype", None))
+            pref = model_preference(self.model_judge, batch)
+            peers, judged = ~torch.isnan(rule), ~torch.isnan(pref)
+            batch.stats["pref/judge_failures"] = float((peers & ~judged).sum()) / 2  # each pair fills two cells
+            batch.stats["pref/judge_replies"] = self.model_judge.stats.get("asked", 0.0)
+            if bool(judged.any()):
+                agree = torch.sign(pref - 0.5) == torch.sign(rule - 0.5)
+                batch.stats["pref/judge_rule_agreement"] = float((agree & judged).sum()) / float(judged.sum())
         step = getattr(ctx, "step", None)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + (self._calls if step is None else int(step)))
         self._calls += 1
