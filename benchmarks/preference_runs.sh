@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 24's SmolLM2 comparison: GRPO vs SPO vs P3O online, and DPO on pairs built from SmolLM2's own rollouts of the
 # same 192 prompts (dataset.train_size=192: the online arms see each once over 24 steps of 8 prompts; DPO's pairs come
-# from 8 completions of each, 2 sampled pairs per prompt, one epoch of 24 steps of 16 pairs). Held-out: 100 questions,
-# greedy, at steps 0, 12 and 24. Two arms at a time, one thread each.
+# from 8 completions of each, at most 2 sampled pairs per prompt (correct beats wrong, shorter beats longer among correct),
+# 24 steps of 8 pairs, 4 pairs per forward: 16 pairs per forward took 10 GB and the OOM killer). Held-out: 100
+# questions, greedy, at steps 0, 12 and 24. Two arms at a time, one thread each.
 set -u
 cd "$(dirname "$0")/.."
 source benchmarks/arms.sh
@@ -15,5 +16,5 @@ arm grpo algorithm=grpo &
 arm spo_minimax algorithm=spo_minimax &
 wait
 arm p3o algorithm=p3o &
-arm dpo algorithm=dpo dataset.num_prompts=192 dataset.mode=sampled dataset.pairs_per_group=2 trainer.prompts_per_step=16 &
+arm dpo algorithm=dpo dataset.num_prompts=192 dataset.mode=sampled dataset.pairs_per_group=2 trainer.prompts_per_step=8 trainer.micro_batch_size=8 &
 wait
