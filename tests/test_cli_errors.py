@@ -119,6 +119,7 @@ def _run_dir(tmp_path, uri):
     return run_dir
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_replay_to_a_dead_saved_uri_is_one_line_that_suggests_tracking_uri(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,6 +152,7 @@ def test_an_unreachable_tracking_server_is_one_line(tmp_path):
     assert line == f"error: cannot reach the MLflow tracking server at http://127.0.0.1:{port}: Connection refused"
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_a_refused_store_is_one_line(tmp_path):
     import sqlite3
     from contextlib import closing
@@ -196,6 +198,7 @@ def test_an_unexpected_error_is_one_line_with_its_type_and_a_pointer_to_verbose(
     assert "KeyError: 'oops'" in with_traceback(capsys.readouterr().err)
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_a_missing_checkpoint_is_one_line(tmp_path):
     rc, _, err = rlexp(
         "eval", *TINY, "benchmark=offline", "eval.limit=1", f"eval.checkpoint={tmp_path}/nowhere", cwd=tmp_path

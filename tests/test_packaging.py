@@ -87,6 +87,7 @@ def test_wheel_carries_the_config_tree(wheel_env, tmp_path):
     assert {p.name for p in conf.iterdir()} >= {"algorithm", "model", "dataset", "reward", "rollout", "sampler"}
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_rlexp_train_runs_from_an_empty_directory(wheel_env, tmp_path):
     env = {**without_pythonpath(), "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     cmd = [

@@ -221,6 +221,7 @@ class MLflowTracker(Tracker):
         self._uploaded: dict[str, tuple[int, int] | None] = {}
         self._sending: dict[str, tuple[int, int] | None] = {}
         self._busy = False  # the operation at the head of the queue is being sent
+        self._head_read = False  # that operation, an artifact upload, has read its file's state
 
     # ---- start (blocking, bounded) -------------------------------------------------------------
     def start(self, run_name, config, params, tags, resume_id=None):
@@ -332,9 +333,10 @@ class MLflowTracker(Tracker):
             log_metric_entities(c, self.run_id, args[0])
         elif kind == "artifact":
             path = os.path.abspath(args[0])
-            state = file_state(path)  # what this upload reads
-            with self._cv:
+            with self._cv:  # what this upload reads, read under the lock final_provenance looks under
+                state = file_state(path)
                 self._sending[path] = state
+                self._head_read = True
             try:
                 c.log_artifact(self.run_id, args[0], args[1])
                 self._uploaded[path] = state
@@ -368,7 +370,7 @@ class MLflowTracker(Tracker):
                 if self._abandon or not self._queue:
                     return
                 kind, args = self._queue[0]
-                self._busy = True
+                self._busy, self._head_read = True, False
             try:
                 self._apply(kind, args)
             except Exception as e:
@@ -420,7 +422,7 @@ class MLflowTracker(Tracker):
             return
         with self._cv:  # an upload not in flight yet reads the file as it is now
             queued = [i for i, (k, a) in enumerate(self._queue) if k == "artifact" and os.path.abspath(a[0]) == path]
-            if any(i > 0 or not self._busy for i in queued):
+            if any(i > 0 or not self._busy or not self._head_read for i in queued):  # one will read it as it is now
                 return
             sent = {self._uploaded.get(path), self._sending.get(path)} - {None}
         if file_state(path) not in sent:

@@ -125,6 +125,7 @@ def test_prof_trains_two_steps_with_a_tiny_prm(tiny_cfg, prm_path):
     assert m["reward/prm/failures"] == 0.0 and 0.0 <= m["reward/prm/mean"] <= 1.0
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_prof_runs_with_the_method_tests_overrides(tiny_cfg):
     """What tests/algorithms/test_methods_run.py needs for algorithm=prof (reward=accuracy has no process term): the
     varying reward as the process term's column, and groups of 4 so that 2 rows stay in each group."""

@@ -105,6 +105,7 @@ def test_an_unimportable_target_names_the_key():
         build_reward_term(OmegaConf.create({"_target_": "no_such_module.fn"}), "reward.terms.mine")
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_console_script_imports_a_reward_module_from_the_working_directory(tmp_path):
     """``rlexp train`` (the console script, not ``python -m``) finds ``my_rewards.py`` beside the user."""
     (tmp_path / "my_rewards.py").write_text(

@@ -295,6 +295,7 @@ def _prm_run(tiny_cfg, prm_path, *overrides):
     )
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_accuracy_prm_trains_two_steps_under_grpo(tiny_cfg, prm_path):
     result = _prm_run(tiny_cfg, prm_path, "algorithm=grpo")
     m = result.metrics

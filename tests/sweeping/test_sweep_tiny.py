@@ -118,6 +118,7 @@ def test_median_pruner_prunes_trials_and_saves_steps(tmp_path, sweep):
         assert t.user_attrs["tracker_ids"]["mlflow"] == by_trial[t.number].info.run_id
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_resumed_sweep_continues_numbering_and_repeats_no_finished_trial(tmp_path, sweep):
     sweep_dir = tmp_path / "sweep"
     args = [
@@ -197,6 +198,7 @@ def test_a_trial_that_raises_is_recorded_fail_and_the_sweep_completes(tmp_path, 
     assert "Traceback" in trials[-1.0].user_attrs["traceback"]
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_two_objective_sweep_returns_the_pareto_front(tmp_path, sweep):
     sweep_dir = tmp_path / "mo"
     sweep(

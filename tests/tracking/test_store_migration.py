@@ -142,6 +142,7 @@ def test_a_migration_killed_on_a_fresh_store_is_undone_and_completed(tmp_path, s
     assert mlflow_open_error(db) == ""
 
 
+@pytest.mark.long  # a default-suite budget of 10 minutes (CI runs the long suite too)
 def test_a_half_migrated_store_is_repaired_and_keeps_its_runs(tmp_path, caplog):
     db = tmp_path / "mlruns.db"
     old_store_with_a_run(db)
