@@ -60,6 +60,16 @@ def tiny():
     return load_model(OmegaConf.load(f"{CONF_DIR}/model/tiny.yaml"), torch.device("cpu"))
 
 
+@pytest.fixture(scope="module")
+def prm_path(tiny, tmp_path_factory):
+    """The tiny random model (SmolLM2's tokenizer) saved as a causal-LM checkpoint: a random PRM for the process
+    reward's tests."""
+    path = tmp_path_factory.mktemp("tiny_prm")
+    tiny.model.save_pretrained(path)
+    tiny.tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def chat_prompts(tok, n=3):
     """Chat-templated prompts of different lengths (left padding and position ids are exercised)."""
     return [

@@ -95,14 +95,6 @@ def test_filter_falls_back_to_the_column_and_names_a_missing_term():
 # ---------------------------------------------------------------- two steps on the tiny model
 
 
-@pytest.fixture(scope="module")
-def prm_path(tiny, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_prm")
-    tiny.model.save_pretrained(path)
-    tiny.tokenizer.save_pretrained(path)
-    return str(path)
-
-
 VOWELS = "reward.terms.accuracy._target_=tests.algorithms.varying_reward.VowelShare"
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=8", "trainer.device=cpu"]
 

@@ -109,15 +109,6 @@ def test_token_positions_on_the_tiny_tokenizer(tiny):
 # ---------------------------------------------------------------- the PRM scorer on a tiny random PRM
 
 
-@pytest.fixture(scope="module")
-def prm_path(tiny, tmp_path_factory):
-    """The tiny random model (SmolLM2's tokenizer) saved as a causal-LM PRM checkpoint."""
-    path = tmp_path_factory.mktemp("tiny_prm")
-    tiny.model.save_pretrained(path)
-    tiny.tokenizer.save_pretrained(path)
-    return str(path)
-
-
 QUESTION = "What is 2 + 3?"
 STEPS = [["2 plus 3 is 5.", "So the answer is 5."], ["I guess 6."], ["Start.", "Middle step here.", "End."]]
 
