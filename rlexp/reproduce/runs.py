@@ -43,6 +43,8 @@ DROPPED = (
     "tracker",  # which dashboards receive the metrics (and their URIs, absolute paths)
     "trial",  # an Optuna sweep's bookkeeping
     "trainer.run_dir",
+    "trainer.num_threads",  # placement: how many CPU threads, never what is trained
+    "trainer.device",
     "trainer.progress",
     "trainer.resume",
     "trainer.checkpoint_every",
