@@ -16,6 +16,8 @@ commands:
   compare   compare runs over seeds: table, markdown/CSV, PNG curves (`rlexp compare --help`)
   reproduce reproduce a paper's claim: the missing runs, the table beside the paper's, the verdict, the claims
             ledger (`rlexp reproduce <experiment> [--scale cpu|gpu] [--dry-run]`; `rlexp reproduce --help`)
+  pipeline  train an experiment's stages in order, each its own run from the model the one before saved
+            (SFT -> RL, RL -> re-distillation: `rlexp pipeline <experiment> [--out DIR] [--dry-run]`)
   replay    upload the metrics a tracking server missed (`rlexp replay <run_dir>`)
   bench     our trainer vs TRL's GRPOTrainer, step by step (Hydra app; `rlexp bench bench_setting=cpu|gpu|gpu_large`)
 
@@ -31,6 +33,7 @@ COMMANDS = {
     "list": ("rlexp.commands.listing", False),
     "compare": ("rlexp.commands.compare", False),
     "reproduce": ("rlexp.commands.reproduce", False),
+    "pipeline": ("rlexp.commands.pipeline", False),
     "replay": ("rlexp.commands.replay", False),
 }
 

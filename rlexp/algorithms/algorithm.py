@@ -184,6 +184,18 @@ class Algorithm:
             raise ValueError(f"algorithm.family={self.family!r} is not one of {sorted(FAMILIES)}")
         if self.aggregation not in MODES:
             raise ValueError(f"algorithm.aggregation={self.aggregation!r} is not one of {MODES}")
+        wanted = getattr(self.loss, "required_aggregation", None)  # CHORD: per-part token means
+        if wanted is not None and self.aggregation != wanted:
+            raise ValueError(
+                f"algorithm.loss ({_name(self.loss)}) needs algorithm.aggregation={wanted}, got {self.aggregation!r}"
+            )
+        stage_keys = {k for s in self.group_stages for k in getattr(s, "provides_extras", ())}
+        unset = [k for k in getattr(self.loss, "stage_extras", ()) if k not in stage_keys]
+        if unset:  # LUFFY, CHORD: the demonstration rows' marks
+            raise ValueError(
+                f"algorithm.loss ({_name(self.loss)}) reads batch.extras {unset}, which no stage in "
+                "algorithm.group_stages sets (rlexp.algorithms.group_stages.demonstrations.Demonstrations does)"
+            )
         if self.token_count_guard not in TOKEN_COUNT_GUARDS:
             raise ValueError(
                 f"algorithm.token_count_guard={self.token_count_guard!r} is not one of {list(TOKEN_COUNT_GUARDS)}"

@@ -163,6 +163,8 @@ class RLExpConfig:
     trial: TrialConfig = field(default_factory=TrialConfig)
     # an experiment file's `rlexp reproduce` spec (rlexp/reproduce/spec.py): read by that command, ignored by training
     reproduce: Any = None
+    # an experiment file's stages (`rlexp pipeline`, rlexp/runs/pipeline.py): read by that command, ignored by training
+    pipeline: Any = None
 
 
 @dataclass
@@ -335,9 +337,17 @@ def check_algorithm(a: DictConfig) -> None:
 
     if not isinstance(a, DictConfig):
         return
+    if a.get("backend") == "sft":  # stage=sft: TRL's SFTTrainer in our run (rlexp/sft)
+        from rlexp.sft.method import check_node
+
+        check_node(OmegaConf.to_container(a, resolve=True))
+        return
     if a.get("backend") is not None:  # a method run by another library's trainer (rlexp/preference: TRL)
         if a.backend != "trl":
-            raise ConfigError(f"algorithm.backend={a.backend!r}: only 'trl' (rlexp.preference) or unset (our trainer)")
+            raise ConfigError(
+                f"algorithm.backend={a.backend!r}: only 'trl' (rlexp.preference), 'sft' (stage=sft, rlexp.sft) or "
+                "unset (our trainer)"
+            )
         from rlexp.preference.method import check_method
 
         options = a.get("options")

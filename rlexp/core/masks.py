@@ -56,6 +56,15 @@ ANSWER_SHARE = "answer_share"
 CURVATURE_HIDDEN = "curvature_hidden"
 CURVATURE_TOPK_IDX = "curvature_topk_idx"
 CURVATURE_TOPK_LOGP = "curvature_topk_logp"
+# (N,) bool: the row is a demonstration (the record's reference solution), not a rollout of the policy
+# (rlexp.algorithms.group_stages.demonstrations: LUFFY's off-policy rows, CHORD's expert rows); such rows are also
+# REPLAYED (their sampling_logprobs, 0 = a behaviour policy π_φ = 1, are the ratio's denominator; out of the reward
+# metrics and the mismatch). Read by the SFT–RL hybrid losses (rlexp.algorithms.losses.off_policy)
+DEMONSTRATION = "demonstration"
+# (N,) float: N_tokens / N_tokens(part) for each row, the parts being the demonstration rows and the others, counted on
+# the loss mask when the demonstration stage ran: a per-token value times this weight, summed and divided by all the
+# loss tokens (token-mean), is the mean over the row's own part (CHORD's per-part token means; per-part metrics)
+DEMO_PART_WEIGHT = "demo_part_weight"
 
 
 def replayed_rows(batch) -> torch.Tensor | None:

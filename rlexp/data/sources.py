@@ -117,17 +117,21 @@ def local_file(
     eval_size: int = 50,
     train_size: int | None = None,
     paraphrase_columns: list[str] | None = None,
+    demonstration_column: str | None = None,
 ) -> DatasetSplits:
     """A local jsonl/json/parquet/csv file with named question and answer columns. A question must be a
     non-empty string and an answer a non-empty string or a number (``cell_text``): a null, list or dict cell is refused
     (naming the file, row and column) rather than trained on as the text ``None`` or ``['What is', 3]``.
     ``paraphrase_columns``: columns holding paraphrases of the question (a string, or a list of strings each), kept
     in order as ``record["paraphrases"]`` (``rlexp.data.paraphrases.RecordParaphrases``: Co-Reward's rewritten
-    question, a paraphrase set)."""
+    question, a paraphrase set). ``demonstration_column``: a worked solution per row, written as the completion the
+    policy should produce (``record["demonstration"]``, ``rlexp.data.demonstrations``: the SFT stage and the SFT–RL
+    hybrids)."""
     rows = load_table(path)
     source = f"dataset.path={path}"
     paraphrase_columns = list(paraphrase_columns or [])
-    _require_columns(rows, [question_column, answer_column, *paraphrase_columns], source)
+    demo = [demonstration_column] if demonstration_column else []
+    _require_columns(rows, [question_column, answer_column, *paraphrase_columns, *demo], source)
     records = [
         {
             "id": f"{Path(path).stem}-{i}",
@@ -136,6 +140,7 @@ def local_file(
             "scorer": scorer,
             "metadata": {"source": source, "row": i + 1},  # where the row is, for messages (data.lengths.where)
             **({"paraphrases": paraphrase_cells(r, paraphrase_columns, source, i)} if paraphrase_columns else {}),
+            **({"demonstration": cell_text(r, demonstration_column, source, i, numbers=False)} if demo else {}),
         }
         for i, r in enumerate(rows)
     ]

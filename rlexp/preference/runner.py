@@ -119,7 +119,7 @@ def _make_callback(run: PreferenceRun):
             if not logs or is_summary(logs):
                 return control
             step = state.global_step
-            metrics = {**translate(logs), **run.extra_metrics(), **self.eval_metrics}
+            metrics = {**run.translate(logs), **run.extra_metrics(), **self.eval_metrics}
             ev, self.eval_metrics = self.eval_metrics, {}
             run.log_step(step, metrics, ev)
             stop = False
@@ -169,6 +169,8 @@ def reward_function(reward_terms: dict, stats: dict):
 
 class PreferenceRun:
     """Our run around a TRL preference trainer (module docstring)."""
+
+    translate = staticmethod(translate)  # TRL's log names -> ours (the SFT stage's run, rlexp.sft, has its own)
 
     def __init__(self, cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity):
         from rlexp.models.loading import load_model
@@ -387,9 +389,10 @@ class PreferenceRun:
             fp16=dtype == torch.float16,
             gradient_checkpointing=False,
             dataloader_num_workers=0,
-            beta=self.method.beta,
             **specific,
         )
+        if getattr(self.method, "beta", None) is not None:  # the preference methods' β (the SFT stage has none)
+            kwargs["beta"] = self.method.beta
         if self.method.loss_type is not None:
             kwargs["loss_type"] = self.method.loss_type
         known = {f.name for f in fields(cls)}

@@ -38,6 +38,7 @@ log = logging.getLogger("rlexp.reproduce")
 DROPPED = (
     "hydra",
     "reproduce",  # the spec itself (its wording may change without changing a run)
+    "pipeline",  # an experiment's stage list (`rlexp pipeline`): each stage's own overrides say what it trains
     "run_name",
     "experiment_name",
     "tracker",  # which dashboards receive the metrics (and their URIs, absolute paths)

@@ -11,7 +11,8 @@ from pathlib import Path
 from rlexp.tracking.base import read_jsonl
 from rlexp.trainer.checkpoint import checkpoint_step, dir_size, human_size, kept_checkpoints
 
-HEADLINE = ("accuracy", "reward/mean", "eval/accuracy", "length/mean", "entropy/mean", "time/step_s")
+# sft/loss: the SFT stage's (rlexp.sft), which has no reward; a metric a run does not log is left out of its table
+HEADLINE = ("accuracy", "reward/mean", "eval/accuracy", "length/mean", "entropy/mean", "sft/loss", "time/step_s")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from rlexp.runs.setup import (
     prepare_process,
     release_device_memory,
 )
+from rlexp.sft.method import is_sft
 from rlexp.tracking.params import flatten
 
 log = logging.getLogger("rlexp.train")
@@ -106,7 +107,7 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
     identity = claim_identity(run_dir, t.resume)
     prov = {**collect_provenance(cfg, run_dir), "run_uid": identity.uid}
     resuming = t.resume and find_checkpoint(run_dir / "checkpoints") is not None
-    if is_trl_backed(cfg):  # a TRL-backed preference method resumes from transformers' checkpoint-N directories
+    if is_trl_backed(cfg) or is_sft(cfg):  # TRL-backed runs resume from transformers' checkpoint-N directories
         from rlexp.preference.runner import find_trl_checkpoint
 
         resuming = t.resume and find_trl_checkpoint(run_dir) is not None
@@ -138,6 +139,10 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
         from rlexp.preference.runner import build_run
 
         return build_run(cfg, t, device, run_dir, callbacks, tags, identity)
+    if is_sft(cfg):  # stage=sft: TRL's SFTTrainer in our run (rlexp.sft)
+        from rlexp.sft.runner import build_run as build_sft_run
+
+        return build_sft_run(cfg, t, device, run_dir, callbacks, tags, identity)
     from rlexp.models.loading import load_model
     from rlexp.trainer.loop import Trainer
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 from rlexp.core.registry import SAMPLERS
+from rlexp.samplers.difficulty import PassRateHistory
+from rlexp.samplers.feedback import GroupFeedback
 
 
 @SAMPLERS.register
@@ -17,9 +19,12 @@ class PromptSampler:
     it took from the old epoch are moved, in the new epoch's order, to just after the records the batch takes
     from it, so the batch holds each record once (and the new epoch still holds every record once). A batch
     larger than the training split would have to repeat records: refused (``ConfigError`` naming
-    ``trainer.prompts_per_step`` and the split's size)."""
+    ``trainer.prompts_per_step`` and the split's size).
 
-    def __init__(self, records: list[dict], batch_size: int, seed: int):
+    Every sampler tracks each prompt's pass rate (``difficulty``, fed by ``observe`` with the step's
+    ``GroupFeedback``) and reports it with its own choices in ``metrics``, logged each step under ``sampler/``."""
+
+    def __init__(self, records: list[dict], batch_size: int, seed: int, difficulty_window: int = 8):
         if not records:
             raise ValueError("the training split is empty")
         self.records, self.batch_size, self.seed = records, batch_size, seed
@@ -31,6 +36,7 @@ class PromptSampler:
         # takes from the new one (the order of epoch ``_carry_epoch`` keeps the former out of the latter)
         self._carry: list[int] = []
         self._carry_head, self._carry_epoch = 0, -1
+        self.difficulty = PassRateHistory(difficulty_window)
 
     def _check_size(self, n: int) -> None:
         if n > len(self.records):
@@ -66,12 +72,21 @@ class PromptSampler:
             self.consumed += 1
         return [self.records[i] for i in out]
 
+    def observe(self, feedback: GroupFeedback) -> None:
+        """The step's groups, scored: their pass rates join the difficulty history."""
+        self.difficulty.observe(feedback)
+
+    def metrics(self) -> dict[str, float]:
+        """What to log for the last step (``sampler/…``)."""
+        return self.difficulty.metrics()
+
     def state_dict(self) -> dict:
         return {
             "consumed": self.consumed,
             "carry": list(self._carry),
             "carry_head": self._carry_head,
             "carry_epoch": self._carry_epoch,
+            "difficulty": self.difficulty.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -80,3 +95,4 @@ class PromptSampler:
         self._carry_head = int(state.get("carry_head", 0))
         self._carry_epoch = int(state.get("carry_epoch", -1))
         self._epoch, self._order = -1, []
+        self.difficulty.load_state_dict(state.get("difficulty"))  # a checkpoint from before it: an empty history

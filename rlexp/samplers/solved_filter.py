@@ -9,27 +9,33 @@ batches pass over them. When fewer unsolved prompts are left than a batch needs,
 from __future__ import annotations
 
 from rlexp.core.registry import SAMPLERS
+from rlexp.samplers.feedback import GroupFeedback
+from rlexp.samplers.feedback import record_key as _key
 from rlexp.samplers.shuffle import PromptSampler
-
-
-def _key(record: dict) -> str:
-    return str(record.get("id", record.get("question")))
 
 
 @SAMPLERS.register
 class SolvedPromptFilter(PromptSampler):
     """The shuffled order of ``PromptSampler`` with the solved prompts passed over."""
 
-    def __init__(self, records: list[dict], batch_size: int, seed: int):
-        super().__init__(records, batch_size, seed)
+    def __init__(self, records: list[dict], batch_size: int, seed: int, difficulty_window: int = 8):
+        super().__init__(records, batch_size, seed, difficulty_window)
         self.solved: set[str] = set()
         self.skipped = 0  # prompts passed over by the last batch
 
-    def observe(self, records: list[dict], solved: list[bool]) -> None:
-        """Mark the prompts of ``records`` whose group was all correct (``solved``)."""
-        for record, done in zip(records, solved):
+    def observe(self, feedback: GroupFeedback) -> None:
+        """Mark the prompts whose group was all correct."""
+        super().observe(feedback)
+        for record, done in zip(feedback.records, feedback.all_correct):
             if done:
                 self.solved.add(_key(record))
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            **super().metrics(),
+            "sampler/solved_prompts": float(len(self.solved)),
+            "sampler/skipped": float(self.skipped),
+        }
 
     def next_batch(self) -> list[dict]:
         unsolved = len(self.records) - len({_key(r) for r in self.records} & self.solved)

@@ -61,6 +61,7 @@ class StageContext:
     rollout: Any = None  # the rollout engine (ReMax's greedy baseline generates with it)
     reward_terms: dict | None = None  # the reward terms (to score extra rollouts)
     autocast_dtype: Any = None  # the matmul dtype the trainer generates under
+    prompt_format: Any = None  # the run's PromptFormat (GHPO's hinted retries render questions with it)
 
 
 @dataclass
@@ -367,7 +368,7 @@ class Trainer:
             timings["time/reward_s"] = time.perf_counter() - t0 - timings["time/generate_s"]
         else:
             batch = self.take_rollout(step, timings)
-        sampler_metrics = self.observe_solved(batch)  # a sampler that skips solved prompts (sampler=skip_solved)
+        self.observe_sampler(batch)  # pass rates: difficulty history, the solved filter
         t1 = time.perf_counter()
         ctx = StageContext(
             self.model,
@@ -380,6 +381,7 @@ class Trainer:
             self.rollout,
             self.reward_terms,
             self.autocast_dtype,
+            prompt_format=self.prompt_format,
         )
         reincarnated = self.algo.reincarnated(step)  # ReMix: on-policy from here, replay off
         for stage in self.algo.group_stages:
@@ -494,6 +496,7 @@ class Trainer:
             kl_metrics.update(correction_stats)
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.compute_advantages(batch)
+            self.observe_advantages(batch, own_rows)  # DUMP's learnability per distribution
             if self.extragradient is not None:
                 kl_metrics.update(self.extragradient.before_update(step, self.train_model, self.optimizer))
             train = policy_update(
@@ -534,28 +537,33 @@ class Trainer:
         tokens = float(fresh.completion_mask.sum())
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
-        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings, **sampler_metrics}
+        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings}
+        if hasattr(self.sampler, "metrics"):  # its choices and the difficulty history (``sampler/…``)
+            metrics.update(self.sampler.metrics())
         if replayed is not None:
             metrics["batch/replayed_completions"] = float(replayed.sum())
         return batch, metrics
 
-    def observe_solved(self, batch: RolloutBatch) -> dict[str, float]:
-        """Tell a sampler with ``observe`` which of the step's prompts every completion answered correctly (the
-        accuracy term); its metrics."""
+    def observe_sampler(self, batch: RolloutBatch) -> None:
+        """Tell the sampler how the step's prompts fared: each group's pass rate under the accuracy term (its
+        difficulty history, the solved filter)."""
         observe = getattr(self.sampler, "observe", None)
-        if observe is None or self.accuracy_term not in batch.reward_names:
-            return {}
-        acc = batch.term(self.accuracy_term)
-        firsts, solved = [], []
-        for g in torch.unique_consecutive(batch.group_ids).tolist():
-            rows = (batch.group_ids == g).nonzero().squeeze(-1)
-            firsts.append(batch.records[int(rows[0])])
-            solved.append(bool((acc[rows] >= 1.0).all()))
-        observe(firsts, solved)
-        return {
-            "sampler/solved_prompts": float(len(self.sampler.solved)),
-            "sampler/skipped": float(self.sampler.skipped),
-        }
+        if observe is None:  # a user's sampler without the feedback protocol
+            return
+        from rlexp.samplers.feedback import GroupFeedback
+
+        observe(GroupFeedback.from_batch(batch, self.accuracy_term))
+
+    def observe_advantages(self, batch: RolloutBatch, own_rows: torch.Tensor | None) -> None:
+        """A sampler that schedules by learnability (DUMP) gets each of the step's own groups' mean |advantage|."""
+        observe = getattr(self.sampler, "observe_advantages", None)
+        if observe is None:
+            return
+        from rlexp.samplers.feedback import group_rows, mean_abs_advantage
+
+        own = batch if own_rows is None else batch.select(own_rows)
+        groups = group_rows(own.group_ids)
+        observe([own.records[int(rows[0])] for rows in groups], [mean_abs_advantage(own, rows) for rows in groups])
 
     def take_rollout(self, step: int, timings: dict) -> RolloutBatch:
         """trainer.async_rollout: the batch of ``step`` generated ahead (during the previous step's update), scored

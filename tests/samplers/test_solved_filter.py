@@ -1,11 +1,16 @@
 """The solved-prompt filter (rlexp/samplers/solved_filter.py): solved prompts are passed over, never a short batch."""
 
+from rlexp.samplers.feedback import GroupFeedback
 from rlexp.samplers.shuffle import PromptSampler
 from rlexp.samplers.solved_filter import SolvedPromptFilter
 
 
 def _records(n):
     return [{"id": str(i), "question": f"q{i}"} for i in range(n)]
+
+
+def _solved(records, flags):
+    return GroupFeedback(records, [1.0 if f else 0.5 for f in flags], list(flags))
 
 
 def _ids(batch):
@@ -15,7 +20,7 @@ def _ids(batch):
 def test_solved_prompts_are_not_drawn_again():
     s = SolvedPromptFilter(_records(8), batch_size=2, seed=0)
     first = s.next_batch()
-    s.observe(first, [True, False])
+    s.observe(_solved(first, [True, False]))
     solved = first[0]["id"]
     drawn = [i for _ in range(12) for i in _ids(s.next_batch())]  # three more epochs' worth
     assert solved not in drawn
@@ -30,14 +35,14 @@ def test_without_observations_the_order_is_the_shuffle_order():
 
 def test_too_few_unsolved_left_fills_with_solved_ones():
     s = SolvedPromptFilter(_records(4), batch_size=3, seed=0)
-    s.observe(_records(4)[:2], [True, True])  # 2 unsolved < 3 per batch
+    s.observe(_solved(_records(4)[:2], [True, True]))  # 2 unsolved < 3 per batch
     batch = s.next_batch()
     assert len(batch) == 3 and s.skipped == 0
 
 
 def test_state_round_trip_resumes_the_same_draws():
     s = SolvedPromptFilter(_records(10), batch_size=2, seed=3)
-    s.observe(s.next_batch(), [True, True])
+    s.observe(_solved(s.next_batch(), [True, True]))
     s.next_batch()
     again = SolvedPromptFilter(_records(10), batch_size=2, seed=3)
     again.load_state_dict(s.state_dict())

@@ -1,0 +1,74 @@
+"""What a sampler learns from a step: per group (one prompt's G completions) its record, the share of completions the
+accuracy term scored correct, and, once the update's advantages exist, their mean magnitude. The trainer builds it
+(``GroupFeedback.from_batch``) and hands it to the sampler; a sampler never reads the trainer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+def record_key(record: dict) -> str:
+    """The identity of a prompt across steps: its ``id``, else its question."""
+    return str(record.get("id", record.get("question")))
+
+
+def distribution_of(record: dict, key: str | list[str] = "source_dataset") -> str:
+    """The distribution a record belongs to: ``metadata[key]`` (reasoning-gym's ``source_dataset``: the task of a
+    mixture; ``difficulty``: the generator's difficulty settings), else ``record[key]``, else ``"all"``. A list of
+    keys joins their values with ``/`` (``[source_dataset, difficulty]``: task × difficulty)."""
+    meta = record.get("metadata") or {}
+    keys = [key] if isinstance(key, str) else list(key)
+    values = [meta.get(k, record.get(k)) for k in keys]
+    if all(v is None for v in values):
+        return "all"
+    return "/".join(_compact(v) for v in values)
+
+
+def _compact(value) -> str:
+    if isinstance(value, dict):  # reasoning-gym's difficulty: {"num_terms": [2, 2], "num_digits": [1, 2]}
+        return ",".join(f"{k}={_compact(v)}" for k, v in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return "-".join(_compact(v) for v in value)
+    return str(value)
+
+
+@dataclass
+class GroupFeedback:
+    """Per group of the step: ``records`` (the group's record), ``pass_rate`` (mean of the accuracy term over the
+    group's completions; NaN when the run has no accuracy term) and ``all_correct``."""
+
+    records: list[dict]
+    pass_rate: list[float]
+    all_correct: list[bool] = field(default_factory=list)
+
+    @classmethod
+    def from_batch(cls, batch, accuracy_term: str | None) -> GroupFeedback:
+        records, rates, solved = [], [], []
+        acc = batch.term(accuracy_term) if accuracy_term in batch.reward_names else None
+        for rows in group_rows(batch.group_ids):
+            records.append(batch.records[int(rows[0])])
+            if acc is None:
+                rates.append(math.nan)
+                solved.append(False)
+            else:
+                a = acc[rows].float()
+                rates.append(float((a >= 1.0).float().mean()))
+                solved.append(bool((a >= 1.0).all()))
+        return cls(records, rates, solved)
+
+
+def group_rows(group_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The row indices of each group, in the order the groups first appear."""
+    return [(group_ids == g).nonzero().squeeze(-1) for g in torch.unique_consecutive(group_ids).tolist()]
+
+
+def mean_abs_advantage(batch, rows: torch.Tensor) -> float:
+    """Mean |A| over the rows (token-level advantages: their token-mean over the completion first)."""
+    adv = batch.advantages[rows].float()
+    if adv.dim() == 2:
+        mask = batch.completion_mask[rows].float()
+        adv = (adv.abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return float(adv.abs().mean())
