@@ -95,6 +95,9 @@ class EvalConfig:
     # again in this many other wordings; logs paraphrase/accuracy and paraphrase/agreement (0: off)
     paraphrases: int = 0
     paraphrase_source: str = "template"  # template (offline rule-based rewordings) | record (the dataset's own)
+    # held-out accuracy per distribution too (eval/accuracy/<distribution>): a record key such as source_dataset (a
+    # mixture's task) or difficulty, or a list of keys (rlexp.samplers.feedback.distribution_of); null: off
+    by: Any = None
     # benchmark evaluation (`rlexp eval`, and training with `+benchmark=<entry>`); see
     # rlexp/evaluation/runner.py. pass@k is logged as pass_at_k, maj@k as maj_at_k (MLflow-safe).
     n: int = 1  # samples per problem

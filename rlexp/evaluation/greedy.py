@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from rlexp.data.distributions import distribution_of
 from rlexp.evaluation.paraphrase import agreement, check_settings, paraphrased_records
 from rlexp.rewards.answers import extract_answer, math_equal
 from rlexp.rewards.terms import Sample
@@ -21,15 +22,18 @@ class GreedyEvaluator:
         paraphrases: int = 0,
         paraphrase_source: str = "template",
         seed: int = 0,
+        by=None,
     ):
         self.records, self.prompt_format, self.rollout = records, prompt_format, rollout
+        self.by = by  # eval.by: accuracy per distribution too (eval/accuracy/<distribution>)
         self.accuracy_term, self.max_new_tokens = accuracy_term, max_new_tokens
         check_settings(paraphrases, paraphrase_source)
         self.reworded = paraphrased_records(records, paraphrases, paraphrase_source, seed) if paraphrases else []
 
     @torch.no_grad()
     def __call__(self, model, tokenizer, step: int) -> dict[str, float]:
-        prompts, out, accuracy = self._greedy(model, tokenizer, self.records)
+        prompts, out, scores = self._greedy(model, tokenizer, self.records)
+        accuracy = None if scores is None else sum(scores) / len(scores)
         lengths = out.completion_mask.sum(-1).float()
         metrics = {
             "eval/length/mean": float(lengths.mean()),
@@ -37,6 +41,8 @@ class GreedyEvaluator:
         }
         if accuracy is not None:
             metrics["eval/accuracy"] = accuracy
+            if self.by:
+                metrics.update(accuracy_by(self.records, scores, self.by))
         if self.reworded:
             fmt = getattr(self.accuracy_term, "answer_format", None) or self.prompt_format.answer_format
             fallback = getattr(self.accuracy_term, "fallback", True)
@@ -45,14 +51,15 @@ class GreedyEvaluator:
             for records in self.reworded:
                 _, again, acc = self._greedy(model, tokenizer, records)
                 agree += agreement(original, answers(again.texts), lambda a, b, i: math_equal(a, b))
-                accs.append(acc)
+                accs.append(None if acc is None else sum(acc) / len(acc))
             metrics["eval/paraphrase/agreement"] = sum(agree) / len(agree)
             if accuracy is not None:
                 metrics["eval/paraphrase/accuracy"] = sum(accs) / len(accs)
         return metrics
 
     def _greedy(self, model, tokenizer, records):
-        """The rendered prompts, the greedy rollout and its accuracy (None without an accuracy term)."""
+        """The rendered prompts, the greedy rollout and each completion's accuracy score (None without an accuracy
+        term)."""
         prompts = [self.prompt_format.render(tokenizer, r["question"]) for r in records]
         out = self.rollout.generate(model, tokenizer, prompts, 1, greedy=True, max_new_tokens=self.max_new_tokens)
         if self.accuracy_term is None:
@@ -62,4 +69,13 @@ class GreedyEvaluator:
             Sample(p, c, r, i, int(n), bool(tr))
             for i, (p, c, r, n, tr) in enumerate(zip(prompts, out.texts, records, lengths, out.truncated.tolist()))
         ]
-        return prompts, out, sum(self.accuracy_term(samples).scores) / len(samples)
+        return prompts, out, [float(x) for x in self.accuracy_term(samples).scores]
+
+
+def accuracy_by(records: list[dict], scores: list[float], by) -> dict[str, float]:
+    """``eval/accuracy/<distribution>``: the held-out accuracy of each distribution (``distribution_of(record, by)``:
+    a mixture's task, a difficulty level), for curricula compared per difficulty."""
+    parts: dict[str, list[float]] = {}
+    for record, score in zip(records, scores):
+        parts.setdefault(distribution_of(record, by), []).append(score)
+    return {f"eval/accuracy/{name}": sum(v) / len(v) for name, v in sorted(parts.items())}

@@ -44,6 +44,7 @@ DROPPED = (
     "tracker",  # which dashboards receive the metrics (and their URIs, absolute paths)
     "trial",  # an Optuna sweep's bookkeeping
     "trainer.run_dir",
+    "eval.by",  # reporting: the held-out accuracy broken down by distribution, never what is trained
     "trainer.num_threads",  # placement: how many CPU threads, never what is trained
     "trainer.device",
     "trainer.progress",

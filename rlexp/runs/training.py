@@ -45,6 +45,7 @@ def make_evaluator(cfg: DictConfig, data, prompt_format, rollout, consistency=No
                 paraphrases=cfg.eval.paraphrases,
                 paraphrase_source=cfg.eval.paraphrase_source,
                 seed=cfg.trainer.seed,
+                by=cfg.eval.get("by"),
             )
         )
     if cfg.get("benchmark"):

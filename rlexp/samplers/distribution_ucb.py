@@ -20,7 +20,7 @@ import random
 from collections import deque
 
 from rlexp.core.registry import SAMPLERS
-from rlexp.samplers.feedback import distribution_of
+from rlexp.data.distributions import distribution_of
 from rlexp.samplers.shuffle import PromptSampler
 
 

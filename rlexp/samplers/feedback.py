@@ -15,26 +15,6 @@ def record_key(record: dict) -> str:
     return str(record.get("id", record.get("question")))
 
 
-def distribution_of(record: dict, key: str | list[str] = "source_dataset") -> str:
-    """The distribution a record belongs to: ``metadata[key]`` (reasoning-gym's ``source_dataset``: the task of a
-    mixture; ``difficulty``: the generator's difficulty settings), else ``record[key]``, else ``"all"``. A list of
-    keys joins their values with ``/`` (``[source_dataset, difficulty]``: task × difficulty)."""
-    meta = record.get("metadata") or {}
-    keys = [key] if isinstance(key, str) else list(key)
-    values = [meta.get(k, record.get(k)) for k in keys]
-    if all(v is None for v in values):
-        return "all"
-    return "/".join(_compact(v) for v in values)
-
-
-def _compact(value) -> str:
-    if isinstance(value, dict):  # reasoning-gym's difficulty: {"num_terms": [2, 2], "num_digits": [1, 2]}
-        return ",".join(f"{k}={_compact(v)}" for k, v in sorted(value.items()))
-    if isinstance(value, list | tuple):
-        return "-".join(_compact(v) for v in value)
-    return str(value)
-
-
 @dataclass
 class GroupFeedback:
     """Per group of the step: ``records`` (the group's record), ``pass_rate`` (mean of the accuracy term over the

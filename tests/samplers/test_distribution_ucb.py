@@ -5,8 +5,8 @@ import math
 import pytest
 
 from rlexp.config.schema import ConfigError
+from rlexp.data.distributions import distribution_of
 from rlexp.samplers.distribution_ucb import DistributionUCB
-from rlexp.samplers.feedback import distribution_of
 from tests.algorithms.varying_reward import VARYING
 
 
@@ -84,6 +84,9 @@ def test_a_run_schedules_a_mixture_and_logs_its_choices(tiny_cfg, tmp_path):
         "trainer.max_steps=2",
         "trainer.max_new_tokens=4",
         "trainer.autocast=off",
+        "eval.size=4",
+        "eval.by=source_dataset",
+        "trainer.eval_every=2",
     ]
     run(tiny_cfg(*overrides))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -93,5 +96,15 @@ def test_a_run_schedules_a_mixture_and_logs_its_choices(tiny_cfg, tmp_path):
         assert r["sampler/drawn/chain_sum"] + r["sampler/drawn/basic_arithmetic"] == 2  # the tiny config's prompts
         assert r["dump/prob/chain_sum"] + r["dump/prob/basic_arithmetic"] == pytest.approx(1.0)
     assert "sampler/tracked_prompts" in steps[-1]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert evals and any(k.startswith("eval/accuracy/") for k in evals[-1])  # per task of the mixture
     # after the first step's advantages both arms hold learnability data (the varying reward gives |A| > 0)
     assert steps[-1]["dump/learnability/chain_sum"] + steps[-1]["dump/learnability/basic_arithmetic"] > 0
+
+
+def test_eval_accuracy_by_distribution_by_hand():
+    from rlexp.evaluation.greedy import accuracy_by
+
+    records = _mixture(2)  # a-0, a-1, b-0, b-1
+    got = accuracy_by(records, [1.0, 0.0, 1.0, 1.0], "source_dataset")
+    assert got == {"eval/accuracy/a": 0.5, "eval/accuracy/b": 1.0}
