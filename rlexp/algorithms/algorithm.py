@@ -336,6 +336,13 @@ class Algorithm:
         return self.entropy_control.update(step, metrics)
 
     @property
+    def loss_needs_old_forward(self) -> bool:
+        """The loss reads the old policy's log-probs on every row, demonstration rows included (RL-PLUS's multiple
+        importance sampling, through ``precedent_logprobs``): marked ``needs_old_forward = True``; the trainer then
+        computes them with a forward even when the update is a single on-policy optimiser step."""
+        return bool(getattr(self.loss, "needs_old_forward", False))
+
+    @property
     def loss_needs_reference(self) -> bool:
         """The policy loss itself reads the reference log-probs (CoPG's β·log π/π_ref inside its loss)."""
         return bool(getattr(self.loss, "needs_reference", False))

@@ -254,6 +254,8 @@ class Trainer:
         elif algorithm.rollout_correction is not None:  # the method's own correction (EAD's truncated IS)
             self.correction = algorithm.rollout_correction
             self.recompute_old_logprobs = True
+        if algorithm.loss_needs_old_forward:  # RL-PLUS: π_old of the demonstration rows, which no sampler gave
+            self.recompute_old_logprobs = True
         self.ahead = None  # one-step-off-policy rollouts (trainer.async_rollout): the rollout in flight
         if algorithm.prompt_condition is not None:  # HBPO's budgets, e1's efforts: K prompt variants, G/K each
             algorithm.prompt_condition.values(self.num_generations)  # refused here when K does not divide G

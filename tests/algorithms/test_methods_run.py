@@ -65,6 +65,7 @@ SPLIT = ["algorithm.advantage.positive_min=0.4", "trainer.num_generations=4"]
 SPLIT_AT = {
     "gtpo": SPLIT,
     "grpo_s": SPLIT,
+    "knapsack_grpo": ["sampler=knapsack"],  # its merge stage needs the knapsack sampler's allocation
     "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
     "e1_effort": ["algorithm.group_stages.0.correct_min=0.4", "trainer.num_generations=4"],
     # the test reward has no format term: constrain its one term instead

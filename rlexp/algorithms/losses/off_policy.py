@@ -13,6 +13,14 @@ clipped surrogate) that keeps the rollouts.
   L = (1 − μ)·L_RL + μ·L_SFT, L_RL the token mean of ``inner`` over the rollout tokens, L_SFT the token mean over
   the expert tokens of −φ·log π, φ = p·(1 − p) with p = π_θ (detached; CHORD-φ) or φ = 1 (``phi=False``: plain
   NLL, CHORD-μ); μ scheduled over training (``mu_schedule``).
+* ``MultipleImportanceSampling`` — RL-PLUS ("RL-PLUS: Countering Capability Boundary Collapse of LLMs in
+  Reinforcement Learning with Hybrid-policy Optimization", Dong et al., 2025; arXiv 2508.00222; released code
+  YihongDong/RL-PLUS, ``rlplus_core_alg.compute_token_on_off_policy_loss``, ``off_policy_strategy="RL-PLUS"``): a
+  demonstration token e_t was written by an unknown expert π_ω, so its ratio's denominator is the mixture of the two
+  behaviour policies (multiple importance sampling, balance heuristic): r = π_θ / (α·π_old + (1 − α)·π̂_ω), with
+  π̂_ω = w·π_old + (1 − w)·1 the released estimate of the unknown expert (α = w = ½: r = π_θ / (¾·π_old + ¼), bounded
+  by 4); the token's loss is −r·A·C with RL-PLUS's exploration-based weight C = (1 − π_θ)^γ (π_θ detached, γ = ½),
+  which keeps the gradient on the correct paths the policy finds unlikely. No clip. Rollout tokens keep ``inner``.
 
 The per-part token means: the trainer aggregates the per-token loss l as Σ l·m / N (``aggregation: token-mean``; N
 the loss tokens of the optimiser step's mini-batch). The stage sets each row's weight w = N / N_part
@@ -30,7 +38,7 @@ import math
 import torch
 
 from rlexp.algorithms.losses.base import LossOutput, expand_like
-from rlexp.core.masks import DEMO_PART_WEIGHT, DEMONSTRATION
+from rlexp.core.masks import DEMO_PART_WEIGHT, DEMONSTRATION, PRECEDENT
 from rlexp.core.registry import LOSSES
 
 
@@ -160,4 +168,84 @@ class Chord:
         stats["chord/sft_loss"] = sft.detach() * expert
         stats["chord/phi_mean"] = phi * expert
         stats["chord/expert_token_frac"] = demo.float()
+        return LossOutput(per_token, stats)
+
+
+def mis_ratio(logp: torch.Tensor, old_logp: torch.Tensor, alpha: float, expert_old_weight: float) -> torch.Tensor:
+    """RL-PLUS's multiple-importance-sampling ratio of a demonstration token: π_θ / (α·π_old + (1 − α)·π̂_ω) with the
+    unknown expert's probability estimated as π̂_ω = w·π_old + (1 − w)·1 (w = ``expert_old_weight``)."""
+    p_old = torch.exp(old_logp)
+    expert = expert_old_weight * p_old + (1.0 - expert_old_weight)
+    return torch.exp(logp) / (alpha * p_old + (1.0 - alpha) * expert)
+
+
+def exploration_weight(p: torch.Tensor, gamma: float) -> torch.Tensor:
+    """RL-PLUS's exploration-based advantage factor C = (1 − p)^γ (p = π_θ of the token, detached)."""
+    return (1.0 - p).clamp(min=0.0) ** gamma
+
+
+@LOSSES.register
+class MultipleImportanceSampling:
+    """RL-PLUS's hybrid-policy loss: ``inner`` (the clipped surrogate) on rollout tokens; on demonstration tokens
+    −r·A·C with the multiple-importance-sampling ratio r = π_θ / (α·π_old + (1 − α)·π̂_ω) (``mis_ratio``) and the
+    exploration-based advantage A·C, C = (1 − π_θ)^γ (``exploration_weight``; γ = 0: C = 1, MIS alone), no clip (see
+    the module doc).
+
+    The exploration weight lives here, not in an advantage estimator: it is the *current* policy's probability of
+    the token, detached, recomputed by each optimiser step's forward (the released code's, inside its loss), which an
+    estimator — run once before the update — does not have; and it acts on the demonstration tokens only, which the
+    loss separates. π_old on the demonstration rows is read from ``extras["precedent_logprobs"]`` (the weights the
+    update starts from): their ``old_logprobs`` are their sampling log-probs (0), the ratio's denominator of LUFFY,
+    not the policy's. ``needs_old_forward``: the trainer computes them with a forward even for a single optimiser
+    step.
+
+    Stats, means over the demonstration tokens: ``rlplus/mis_ratio_mean`` (r), ``rlplus/exploration_weight_mean``
+    (C), ``rlplus/prob_mean`` (π_θ), ``rlplus/old_prob_mean`` (π_old); ``rlplus/demo_token_frac`` (their share of
+    the loss tokens)."""
+
+    batch_extras = (DEMONSTRATION, DEMO_PART_WEIGHT, PRECEDENT)
+    stage_extras = (DEMONSTRATION, DEMO_PART_WEIGHT)  # a group stage must set them (Demonstrations)
+    needs_old_forward = True  # π_old on every row, demonstrations included (rlexp.trainer.loop)
+
+    def __init__(self, inner, alpha: float = 0.5, expert_old_weight: float = 0.5, gamma: float = 0.5):
+        if not callable(inner):
+            raise ValueError(
+                "loss MultipleImportanceSampling.inner must be a policy loss "
+                "(e.g. rlexp.algorithms.losses.clip.ppo_clip)"
+            )
+        for name, v in (("alpha", alpha), ("expert_old_weight", expert_old_weight)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"loss MultipleImportanceSampling.{name}={v} must be in [0, 1]")
+        if gamma < 0:
+            raise ValueError(f"loss MultipleImportanceSampling.gamma={gamma} must be >= 0")
+        self.inner, self.alpha, self.expert_old_weight, self.gamma = (
+            inner,
+            float(alpha),
+            float(expert_old_weight),
+            gamma,
+        )
+
+    def __call__(
+        self, logp, old_logp, advantages, mask, demonstration, demo_part_weight, precedent_logprobs=None
+    ) -> LossOutput:
+        if precedent_logprobs is None:
+            raise ValueError(
+                "loss MultipleImportanceSampling reads the old policy's log-probs of the demonstration rows "
+                "(batch.extras['precedent_logprobs'], set by the trainer)"
+            )
+        out = self.inner(logp, old_logp, advantages, mask)
+        demo = _rows(demonstration, logp)
+        adv = expand_like(advantages, logp)
+        old = precedent_logprobs.to(logp.dtype)
+        ratio = mis_ratio(logp, old, self.alpha, self.expert_old_weight)
+        p = torch.exp(logp.detach())
+        c = exploration_weight(p, self.gamma)
+        per_token = torch.where(demo, -ratio * adv * c, out.per_token)
+        stats = _rollout_stats(out.token_stats, demo)
+        scale = demo_part_weight.to(logp.dtype)[:, None] * demo  # means over the demonstration tokens
+        stats["rlplus/mis_ratio_mean"] = ratio.detach() * scale
+        stats["rlplus/exploration_weight_mean"] = c * scale
+        stats["rlplus/prob_mean"] = p * scale
+        stats["rlplus/old_prob_mean"] = torch.exp(old.detach()) * scale
+        stats["rlplus/demo_token_frac"] = demo.float()
         return LossOutput(per_token, stats)
