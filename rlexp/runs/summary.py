@@ -11,8 +11,18 @@ from pathlib import Path
 from rlexp.tracking.base import read_jsonl
 from rlexp.trainer.checkpoint import checkpoint_step, dir_size, human_size, kept_checkpoints
 
-# sft/loss: the SFT stage's (rlexp.sft), which has no reward; a metric a run does not log is left out of its table
-HEADLINE = ("accuracy", "reward/mean", "eval/accuracy", "length/mean", "entropy/mean", "sft/loss", "time/step_s")
+# sft/loss, distill/loss: the SFT and distillation stages (rlexp.sft), which have no reward; a metric a run does not
+# log is left out of its table
+HEADLINE = (
+    "accuracy",
+    "reward/mean",
+    "eval/accuracy",
+    "length/mean",
+    "entropy/mean",
+    "sft/loss",
+    "distill/loss",
+    "time/step_s",
+)
 
 
 @dataclass

@@ -80,6 +80,10 @@ def check_node(node: dict) -> None:
     """Raise ``ConfigError`` naming the key of the first bad setting of an SFT algorithm node."""
     from rlexp.config.schema import ConfigError
 
+    if str(node.get("_target_", "")) == "rlexp.sft.distill.DistillMethod":  # stage=distill (GKD): its own settings
+        from rlexp.sft.distill import check_node as check_distill_node
+
+        return check_distill_node(node)
     for key in node:
         if str(key).startswith("_"):
             continue

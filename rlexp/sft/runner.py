@@ -264,8 +264,12 @@ class SFTRun(PreferenceRun):
 
 
 def build_run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity):
-    """``rlexp.runs.training._build`` for the SFT stage: the run and its tracker."""
-    run = SFTRun(cfg, t, device, run_dir, callbacks, tags, identity)
+    """``rlexp.runs.training._build`` for the SFT stage (and the distillation stage, ``stage=distill``, which runs
+    TRL's GKD trainer: ``rlexp.sft.distill``): the run and its tracker."""
+    cls = SFTRun
+    if str(cfg.algorithm.get("_target_", "")) == "rlexp.sft.distill.DistillMethod":
+        from rlexp.sft.distill import DistillRun as cls
+    run = cls(cfg, t, device, run_dir, callbacks, tags, identity)
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the run (tracker tags, run dir)
             cb.bind(run)

@@ -66,6 +66,7 @@ SPLIT_AT = {
     "gtpo": SPLIT,
     "grpo_s": SPLIT,
     "knapsack_grpo": ["sampler=knapsack"],  # its merge stage needs the knapsack sampler's allocation
+    "pf_ppo": ["trainer.num_generations=4"],  # keeps the best and worst of each group: more than 2 to filter
     "hbpo": ["algorithm.advantage.correct_min=0.4", "trainer.num_generations=4"],  # 4 budgets: one completion each
     "e1_effort": ["algorithm.group_stages.0.correct_min=0.4", "trainer.num_generations=4"],
     # the test reward has no format term: constrain its one term instead

@@ -6,6 +6,9 @@ advantages (listed in ``algorithm.group_stages``; configs bind their settings wi
                          with ``min_varied_frac`` and ``keep_degenerate``, GPG's resampling (refill
                          until that share of the groups varies, keep the degenerate ones).
 * ``overlong_mask``     DAPO's overlong filtering: truncated completions leave the loss.
+* ``policy_filtration`` PF-PPO: each group keeps its best- and worst-rewarded rows (BW; BR, BoN), where a reward
+                         model is reliable.
+* ``reward_std_filter`` ReST-GRPO: groups whose reward std is below 0.05 leave the step (optional refill).
 * ``overlong_penalty``  DAPO's soft overlong punishment, added as a reward term ``overlong``.
 * ``greedy_baseline``   ReMax's baseline: the reward of one greedy completion per prompt.
 * ``Replay``            RePO's per-prompt replay buffer: earlier completions of the prompt join the step.
