@@ -24,10 +24,9 @@ class PassRateHistory:
     def observe(self, feedback: GroupFeedback) -> None:
         """Add the step's pass rates (after noting how the step's prompts stood before it: ``metrics``)."""
         prior = [p for p in (self.pass_rate(record_key(r)) for r in feedback.records) if p is not None]
-        self._batch = {
-            "sampler/batch_new_prompts": float(len(feedback.records) - len(prior)),
-            "sampler/batch_prior_pass_rate": sum(prior) / len(prior) if prior else math.nan,
-        }
+        self._batch = {"sampler/batch_new_prompts": float(len(feedback.records) - len(prior))}
+        if prior:  # none seen before (the first epoch): no value rather than NaN in every tracker
+            self._batch["sampler/batch_prior_pass_rate"] = sum(prior) / len(prior)
         for record, rate in zip(feedback.records, feedback.pass_rate):
             if not math.isnan(rate):
                 self.history.setdefault(record_key(record), deque(maxlen=self.window)).append(float(rate))
@@ -39,7 +38,7 @@ class PassRateHistory:
     def metrics(self) -> dict[str, float]:
         """``sampler/tracked_prompts``; over the tracked prompts, their mean pass rate and the shares never solved
         (rate 0) and always solved (rate 1); over the last observed step's prompts, those new to the run and the
-        mean pass rate the others had before it (NaN when none was seen before)."""
+        mean pass rate the others had before it (absent when none was seen before)."""
         rates = [sum(h) / len(h) for h in self.history.values() if h]
         out = {"sampler/tracked_prompts": float(len(rates))}
         if rates:

@@ -17,7 +17,7 @@ def test_history_means_window_and_metrics_by_hand():
     h = PassRateHistory(window=2)
     h.observe(_feedback(["p", "q"], [0.0, 0.5]))
     m = h.metrics()
-    assert m["sampler/batch_new_prompts"] == 2 and math.isnan(m["sampler/batch_prior_pass_rate"])
+    assert m["sampler/batch_new_prompts"] == 2 and "sampler/batch_prior_pass_rate" not in m
     h.observe(_feedback(["p", "r"], [1.0, 1.0]))  # p: [0, 1] → 0.5; q 0.5; r 1.0
     m = h.metrics()
     assert m["sampler/batch_new_prompts"] == 1 and m["sampler/batch_prior_pass_rate"] == 0.0  # p stood at 0 before
