@@ -37,14 +37,14 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
 from rlexp.preference.metrics import SUMMARY_KEYS
 from rlexp.sft.method import RESERVED_OPTIONS as SFT_RESERVED
-from rlexp.sft.method import SOURCES
+from rlexp.sft.method import SOURCES, ExampleSettings
 from rlexp.sft.runner import SFTRun
 
 log = logging.getLogger("rlexp.sft.distill")
@@ -68,36 +68,21 @@ def is_distill(node) -> bool:
 
 
 @dataclass
-class DistillMethod:
-    """Built from the algorithm node of ``stage=distill`` (``_target_``); ``DistillRun`` reads it."""
+class DistillMethod(ExampleSettings):
+    """Built from the algorithm node of ``stage=distill`` (``_target_``); ``DistillRun`` reads it. ``teacher`` (a
+    model config name, conf/model/<name>.yaml, or a run / model directory) is required; ``data``: the dataset outputs
+    of the off-policy steps (``own_samples``: the teacher's correct samples)."""
 
-    teacher: str | None = None  # a model config name (conf/model/<name>.yaml) or a run / model directory: required
     lmbda: float = 0.5  # student data fraction λ (TRL GKDConfig.lmbda)
     beta: float = 0.5  # JSD(β) interpolation (TRL GKDConfig.beta): 0 forward KL, 1 reverse KL
     seq_kd: bool = False  # off-policy steps sample from the teacher instead of reading the dataset's outputs
     temperature: float | None = None  # the student's (and teacher's) sampling temperature; null: trainer.temperature
-    data: str = "demonstrations"  # the dataset outputs: demonstrations | own_samples (the teacher's correct samples)
-    max_length: int | None = 1024  # tokens of prompt + dataset completion (the start is kept); null: no cut
-    # own_samples: as the SFT stage's (rlexp.sft.method.SFTMethod), sampled from the teacher
-    num_prompts: int = 256
-    samples_per_prompt: int = 4
-    greedy: bool = False
-    per_prompt: int = 1
-    max_examples: int | None = None
-    min_score: float = 1.0
-    prompts_per_call: int = 8
-    options: dict = field(default_factory=dict)  # further GKDConfig fields, as they are
-    # the node's descriptive fields
     name: str = "gkd"
-    paper: str = ""
-    family: str = "sft-hybrid"
-    mechanism: str = ""
-    backend: str = "sft"
 
     loss_type = None  # not a field: TRL's SFT loss type, which GKD does not use (PreferenceRun.trl_config reads it)
 
     def __post_init__(self):
-        self.options = dict(self.options or {})
+        super().__post_init__()
         check_node({f.name: getattr(self, f.name) for f in fields(self)})
 
 

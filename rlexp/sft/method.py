@@ -44,15 +44,16 @@ def is_sft(cfg) -> bool:
 
 
 @dataclass
-class SFTMethod:
-    """Built from the algorithm node (``_target_``); ``rlexp.sft.runner`` reads it."""
+class ExampleSettings:
+    """What the SFT and distillation stages share: where their examples come from (``data``: the records'
+    demonstrations, or ``own_samples``: a model's own correct samples, drawn from ``teacher``), how long they may be,
+    the trainer's further ``options``, and the node's descriptive fields."""
 
     data: str = "demonstrations"
-    loss_type: str = "nll"
     max_length: int | None = 1024  # tokens of prompt + completion (TRL keeps the start; null: no cut)
-    completion_only_loss: bool = True  # the loss on the completion tokens only (TRL's prompt-completion data)
-    # own_samples (re-distillation)
     teacher: str | None = None
+    # own_samples: num_prompts training prompts, samples_per_prompt each (greedy: one), kept when the accuracy term
+    # scores >= min_score, at most per_prompt per prompt and max_examples in all
     num_prompts: int = 256
     samples_per_prompt: int = 4
     greedy: bool = False
@@ -60,9 +61,9 @@ class SFTMethod:
     max_examples: int | None = None
     min_score: float = 1.0
     prompts_per_call: int = 8
-    options: dict = field(default_factory=dict)  # further SFTConfig fields, as they are
+    options: dict = field(default_factory=dict)  # further fields of TRL's config, as they are
     # the node's descriptive fields
-    name: str = "sft"
+    name: str = ""
     paper: str = ""
     family: str = "sft-hybrid"
     mechanism: str = ""
@@ -70,6 +71,19 @@ class SFTMethod:
 
     def __post_init__(self):
         self.options = dict(self.options or {})
+
+
+@dataclass
+class SFTMethod(ExampleSettings):
+    """Built from the algorithm node (``_target_``); ``rlexp.sft.runner`` reads it. ``teacher``: the model whose
+    correct samples ``own_samples`` trains on (re-distillation; null: this stage's model)."""
+
+    loss_type: str = "nll"
+    completion_only_loss: bool = True  # the loss on the completion tokens only (TRL's prompt-completion data)
+    name: str = "sft"
+
+    def __post_init__(self):
+        super().__post_init__()
         check_node({f.name: getattr(self, f.name) for f in fields(self)})
 
 
