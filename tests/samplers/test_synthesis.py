@@ -73,6 +73,7 @@ def test_bad_settings_name_the_key():
         WeaknessSynthesis(_records(), batch_size=4, seed=0, dataset=MIX, share=0.0)
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_a_run_synthesises_from_its_failures(tiny_cfg, tmp_path):
     import json
 

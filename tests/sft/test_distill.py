@@ -179,6 +179,7 @@ def test_one_draw_per_step_and_the_sampled_tokens_normalise(tiny, teacher_dir):
     assert trainer._metrics["train"]["teacher_sampled"] == [0.0, 0.0, 1.0]
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_gkd_two_steps_logs_our_metrics_and_saves_the_model(tiny_cfg, tiny, teacher_dir):
     """λ = 0.8 with seed 0: Python's generator draws 0.84 (> λ: the demonstrations) then 0.76 (≤ λ: the student's
     own samples, at most trainer.max_new_tokens = 8 tokens)."""

@@ -59,6 +59,7 @@ def test_sft_two_steps_logs_our_metrics_and_saves_the_model(tiny_cfg, tiny):
     assert "sft/loss" in (run_dir / "summary.md").read_text()
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_sft_on_own_correct_samples(tiny_cfg):
     """Re-distillation's data on the tiny model: its own completions, the vowel share standing in for correctness
     (``min_score`` 0.3); the kept examples are cached in the run directory."""

@@ -231,6 +231,7 @@ def test_refuses_what_it_cannot_rebuild(setup):
 # ---------------------------------------------------------------- two steps on the tiny model
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_dr_po_trains_two_steps_from_dataset_resets(tiny_cfg):
     # the default task's records carry metadata.expression: each has a demonstration, every group resets (β = 1)
     result = run(tiny_cfg(*VARYING, *FAST, "algorithm=dr_po"))

@@ -182,6 +182,7 @@ def test_refuses_what_it_cannot_fill_for_the_hinted_rows(setup):
 # ---------------------------------------------------------------- two steps on the tiny model
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_ghpo_trains_two_steps_with_hinted_groups(tiny_cfg):
     # the real accuracy term: the tiny random model never answers right, so every group is all-wrong and hinted
     # (the default task's records carry metadata.expression, so each has a solution)

@@ -181,6 +181,7 @@ def test_rest_grpo_trains_two_steps_on_the_varied_groups(tiny_cfg):
     assert sum(r["restrl/kept_groups"] for r in steps) >= 1 and sum(r["restrl/dropped_groups"] for r in steps) >= 1
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_rest_grpo_steps_when_no_group_passes(tiny_cfg):
     """A bar no group reaches (rewards in [0, 1]: std ≤ 0.5): every row at loss weight 0, the run still steps."""
     m = run(tiny_cfg(*VARYING, *FAST, "algorithm=rest_grpo", "algorithm.group_stages.0.min_std=0.6")).metrics

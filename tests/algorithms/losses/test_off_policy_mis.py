@@ -169,6 +169,7 @@ def test_rl_plus_trains_two_steps_with_a_demonstration_in_each_group(tiny_cfg):
     _check_rl_plus(run(tiny_cfg(*VARYING, *FAST, "algorithm=rl_plus")).metrics, 2)
 
 
+@pytest.mark.long  # a tiny training run: the default suite keeps to ten minutes
 def test_rl_plus_gets_the_old_policy_of_the_demonstrations_with_one_optimiser_step(tiny_cfg):
     """One optimiser step per rollout is on-policy (no old-log-prob forward for GRPO); the MIS loss asks for one."""
     m = run(tiny_cfg(*VARYING, *FAST, "algorithm=rl_plus", "algorithm.steps_per_rollout=1")).metrics
