@@ -44,7 +44,7 @@ import torch
 
 from rlexp.preference.metrics import SUMMARY_KEYS
 from rlexp.sft.method import RESERVED_OPTIONS as SFT_RESERVED
-from rlexp.sft.method import SOURCES, ExampleSettings
+from rlexp.sft.method import SOURCES, ExampleSettings, check_example_settings
 from rlexp.sft.runner import SFTRun
 
 log = logging.getLogger("rlexp.sft.distill")
@@ -122,20 +122,7 @@ def check_node(node: dict) -> None:
     if get("data") not in SOURCES:
         raise ConfigError(f"algorithm.data={get('data')!r}: one of {list(SOURCES)}")
     max_length = get("max_length")
-    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
-        raise ConfigError(f"algorithm.max_length={max_length!r}: a number of tokens >= 2, or null (no cut)")
-    for key in ("num_prompts", "samples_per_prompt", "per_prompt", "prompts_per_call"):
-        value = get(key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"algorithm.{key}={value!r}: must be an integer >= 1")
-    cap = get("max_examples")
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise ConfigError(f"algorithm.max_examples={cap!r}: must be >= 1, or null (every kept sample)")
-    if get("greedy") and get("samples_per_prompt") != 1:
-        raise ConfigError(
-            f"algorithm.samples_per_prompt={get('samples_per_prompt')}: greedy decoding (algorithm.greedy=true) gives "
-            "one completion per prompt; set it to 1"
-        )
+    check_example_settings(get, max_length)
     options = node.get("options") or {}
     if not isinstance(options, dict):
         raise ConfigError(f"algorithm.options={options!r}: a mapping of TRL GKDConfig fields")

@@ -112,20 +112,7 @@ def check_node(node: dict) -> None:
     if get("loss_type") not in LOSS_TYPES:
         raise ConfigError(f"algorithm.loss_type={get('loss_type')!r}: TRL 1.16's SFT takes one of {list(LOSS_TYPES)}")
     max_length = get("max_length")
-    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
-        raise ConfigError(f"algorithm.max_length={max_length!r}: a number of tokens >= 2, or null (no cut)")
-    for key, least in (("num_prompts", 1), ("samples_per_prompt", 1), ("per_prompt", 1), ("prompts_per_call", 1)):
-        value = get(key)
-        if not isinstance(value, int) or value < least:
-            raise ConfigError(f"algorithm.{key}={value!r}: must be an integer >= {least}")
-    cap = get("max_examples")
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise ConfigError(f"algorithm.max_examples={cap!r}: must be >= 1, or null (every kept sample)")
-    if get("greedy") and get("samples_per_prompt") != 1:
-        raise ConfigError(
-            f"algorithm.samples_per_prompt={get('samples_per_prompt')}: greedy decoding (algorithm.greedy=true) gives "
-            "one completion per prompt; set it to 1"
-        )
+    check_example_settings(get, max_length)
     if get("teacher") is not None and get("data") != "own_samples":
         raise ConfigError(
             f"algorithm.teacher={get('teacher')!r}: a teacher samples the examples of algorithm.data=own_samples, "
@@ -139,4 +126,24 @@ def check_node(node: dict) -> None:
         raise ConfigError(
             f"algorithm.options.{clash[0]}: set by rlexp (trainer.* / optimizer.lr / algorithm.loss_type / "
             "algorithm.max_length / algorithm.completion_only_loss), not through algorithm.options"
+        )
+
+
+def check_example_settings(get, max_length) -> None:
+    """The checks the SFT and distillation stages share: the length cap and the own-samples settings."""
+    from rlexp.config.schema import ConfigError
+
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+        raise ConfigError(f"algorithm.max_length={max_length!r}: a number of tokens >= 2, or null (no cut)")
+    for key, least in (("num_prompts", 1), ("samples_per_prompt", 1), ("per_prompt", 1), ("prompts_per_call", 1)):
+        value = get(key)
+        if not isinstance(value, int) or value < least:
+            raise ConfigError(f"algorithm.{key}={value!r}: must be an integer >= {least}")
+    cap = get("max_examples")
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise ConfigError(f"algorithm.max_examples={cap!r}: must be >= 1, or null (every kept sample)")
+    if get("greedy") and get("samples_per_prompt") != 1:
+        raise ConfigError(
+            f"algorithm.samples_per_prompt={get('samples_per_prompt')}: greedy decoding (algorithm.greedy=true) gives "
+            "one completion per prompt; set it to 1"
         )
