@@ -44,3 +44,16 @@ def test_clip_text_says_what_it_cut():
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match="tool python: timeout and memory_mb must be > 0"):
         PythonTool(timeout=0)
+
+
+def test_python_echoes_a_last_bare_expression_as_a_notebook_cell_does():
+    from rlexp.tools.python import echo_last_expression
+
+    tool = PythonTool()
+    assert tool({"code": "482 * 317"}).text == "152794"
+    assert tool({"code": "x = 3\nx * 2"}).text == "6"
+    assert tool({"code": "'ab'"}).text == "'ab'"  # the value's repr, as the REPL shows it
+    assert tool({"code": "print(5)"}).text == "5"  # print's None is not echoed
+    assert tool({"code": "x = 1"}).text == "(no output: print the result)"
+    assert echo_last_expression("def f(:") == "def f(:"  # does not parse: run as written, its error comes back
+    assert PythonTool(echo_last_expression=False)({"code": "482 * 317"}).text == "(no output: print the result)"
