@@ -18,7 +18,7 @@ APPS = ("rlexp.trainer", "rlexp.rollout", "rlexp.commands", "rlexp.runs", "rlexp
 FORBIDDEN = {
     "core": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data", "rlexp.samplers", "rlexp.evaluation"),
     "algorithms": APPS,
-    "rewards": (*APPS, "rlexp.algorithms"),
+    "rewards": (*APPS, "rlexp.algorithms", "rlexp.rollout", "rlexp.environments", "rlexp.tools"),
     "data": (*APPS, "rlexp.algorithms", "rlexp.rewards"),
     "samplers": (*APPS, "rlexp.algorithms", "rlexp.rewards"),
     "evaluation": ("rlexp.trainer", "rlexp.commands", "rlexp.runs", "rlexp.cli", "rlexp.bench"),
@@ -30,7 +30,9 @@ FORBIDDEN = {
     "execution": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data", "rlexp.samplers", "rlexp.evaluation"),
     # what answers a multi-turn episode's policy: below the multi-turn rollout, above the sandbox
     "tools": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.data", "rlexp.samplers", "rlexp.evaluation"),
-    "environments": (*APPS, "rlexp.algorithms", "rlexp.rewards", "rlexp.samplers", "rlexp.evaluation"),
+    # (an environment may score a turn with the rewards' verifiers: reasoning-gym tasks as one-turn episodes; the
+    # rewards read finished episodes from the record and import neither environments nor rollouts)
+    "environments": (*APPS, "rlexp.algorithms", "rlexp.samplers", "rlexp.evaluation"),
 }
 
 

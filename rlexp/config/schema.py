@@ -312,8 +312,32 @@ EPISODE_PARTS = (
     "rlexp.algorithms.advantages.turn_level.turn_level",
     "rlexp.algorithms.advantages.step_groups.gigpo",
     "rlexp.algorithms.group_stages.information_gain.InformationGain",
+    "rlexp.algorithms.group_stages.progress.ProgressAttribution",
+    "rlexp.algorithms.group_stages.step_search.StepSearch",
 )
 MULTI_TURN_ROLLOUT = "rlexp.rollout.multi_turn.MultiTurnRollout"
+# parts that read SUPO's segment rows (several rows per episode): they need rollout=supo
+SEGMENT_PARTS = ("rlexp.algorithms.advantages.segments.supo",)
+SUMMARIZING_ROLLOUT = "rlexp.rollout.summarizing.SummarizingRollout"
+# parts that read the (turn, candidate) rows of AT-GRPO's tree rollout: they need rollout=turn_groups
+TURN_GROUP_PARTS = ("rlexp.algorithms.advantages.agent_turn.agent_turn_groups",)
+TURN_GROUPS_ROLLOUT = "rlexp.rollout.turn_groups.TurnGroupRollout"
+# ARPO's branching rollout (multi-turn episodes, some branched from others): parts that read its branch trees need it,
+# and its episodes serve the episode parts as rollout=multi_turn's do
+BRANCH_PARTS = ("rlexp.algorithms.advantages.branching.arpo",)
+BRANCHING_ROLLOUT = "rlexp.rollout.branching.BranchingRollout"
+
+
+def _check_branching(cfg: DictConfig, rollout, targets: list) -> None:
+    """ARPO: its advantage reads the branching rollout's trees; the branching rollout needs an environment."""
+    for target, key in targets:
+        if target in BRANCH_PARTS and rollout != BRANCHING_ROLLOUT:
+            raise ConfigError(
+                f"{key} ({target.rsplit('.', 1)[-1]}) reads ARPO's branched episodes: run it with rollout=arpo "
+                f"environment=tool_use tools=[python] prompt=python_tool (rollout is {rollout})"
+            )
+    if rollout == BRANCHING_ROLLOUT and cfg.get("environment") is None:
+        raise ConfigError("rollout=arpo needs an environment: e.g. environment=tool_use tools=[python]")
 
 
 def _check_episodes(cfg: DictConfig) -> None:
@@ -325,13 +349,44 @@ def _check_episodes(cfg: DictConfig) -> None:
         (st.get("_target_"), f"algorithm.group_stages.{i}") for i, st in enumerate(alg.get("group_stages") or [])
     ]
     for target, key in targets:
-        if target in EPISODE_PARTS and rollout != MULTI_TURN_ROLLOUT:
+        if target in EPISODE_PARTS and rollout not in (MULTI_TURN_ROLLOUT, BRANCHING_ROLLOUT):
             raise ConfigError(
                 f"{key} ({target.rsplit('.', 1)[-1]}) reads multi-turn episodes: run it with rollout=multi_turn "
                 f"environment=tool_use tools=[python] (rollout is {rollout})"
             )
     if rollout == MULTI_TURN_ROLLOUT and cfg.get("environment") is None:
         raise ConfigError("rollout=multi_turn needs an environment: e.g. environment=tool_use tools=[python]")
+    _check_branching(cfg, rollout, targets)
+    for target, key in targets:
+        if target in SEGMENT_PARTS and rollout != SUMMARIZING_ROLLOUT:
+            raise ConfigError(
+                f"{key} ({target.rsplit('.', 1)[-1]}) reads SUPO's summarised segments: run it with rollout=supo "
+                f"environment=tool_use tools=[python] (rollout is {rollout})"
+            )
+    if rollout == SUMMARIZING_ROLLOUT and cfg.get("environment") is None:
+        raise ConfigError("rollout=supo needs an environment: e.g. environment=tool_use tools=[python]")
+    _check_turn_groups(cfg, rollout, targets)
+
+
+def _check_turn_groups(cfg: DictConfig, rollout, targets: list) -> None:
+    """AT-GRPO: its advantage reads the tree rollout's rows; the tree rollout needs an environment and G = K × T."""
+    for target, key in targets:
+        if target in TURN_GROUP_PARTS and rollout != TURN_GROUPS_ROLLOUT:
+            raise ConfigError(
+                f"{key} ({target.rsplit('.', 1)[-1]}) reads turn-wise candidate groups: run it with "
+                f"rollout=turn_groups environment=textworld dataset=textworld reward=text_game (rollout is {rollout})"
+            )
+    if rollout != TURN_GROUPS_ROLLOUT:
+        return
+    if cfg.get("environment") is None:
+        raise ConfigError("rollout=turn_groups needs an environment: e.g. environment=textworld dataset=textworld")
+    G = cfg.algorithm.get("num_generations") or cfg.trainer.num_generations
+    T, K = cfg.rollout.get("max_turns", 4), cfg.rollout.get("candidates")
+    if (K is not None and K < 2) or (K or G // T) < 2 or (K or G // T) * T != G:
+        raise ConfigError(
+            f"rollout=turn_groups: trainer.num_generations={G} must be rollout.candidates (K >= 2, got {K}) x "
+            f"rollout.max_turns ({T}): one row per turn and candidate"
+        )
 
 
 def validate_eval(cfg: DictConfig) -> None:

@@ -91,6 +91,10 @@ def check_answer(answer: str | None, record: dict) -> float:
         from rlexp.rewards.sat import score_answer
 
         return score_answer(answer, record)
+    if scorer == "qa":  # short factual answers (rlexp.data.search_facts, NQ/HotpotQA): SQuAD-normalised exact match
+        from rlexp.rewards.search import exact_match, gold_answers
+
+        return exact_match(answer, gold_answers(record))
     raise ValueError(f"unknown scorer {scorer!r} in record {record.get('id')}")
 
 

@@ -23,6 +23,8 @@ environment's text, so a tool's output cannot put an answer in the policy's mout
 Anchor states (GiGPO's step groups, ``rlexp.algorithms.advantages.step_groups``): ``record["episode"]["states"]``
 holds, for each policy turn, a hash of what the environment showed just before it (``state_key``): the prompt
 (with the environment's first observation, if any) before the first turn, the last observation before the others.
+``record["episode"]["turn_infos"]`` holds each answered turn's own info (the environment's counters for that turn:
+an invalid command, a tool error; SPA-RL's grounding signal, ``rlexp.algorithms.group_stages.progress``).
 
 Metrics (means over the step's episodes): ``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors``,
 ``episode/malformed_calls``, ``episode/env_reward``, ``episode/length`` (tokens after the prompt),
@@ -85,6 +87,7 @@ class Episode:
     truncated: bool = False
     turn_limit: bool = False
     states: list[str] = field(default_factory=list)  # the anchor state before each turn (state_key)
+    infos: list[dict] = field(default_factory=list)  # each answered turn's own info (its counters: tool errors, ...)
     anchor: str = ""  # the state the next turn starts from
 
     def add(self, ids: list[int], policy: bool, logprobs: list[float] | None = None) -> None:
@@ -103,6 +106,7 @@ class Episode:
             **dict.fromkeys(COUNTERS, 0),
             **self.counters,
             "states": list(self.states),
+            "turn_infos": [dict(i) for i in self.infos],
         }
 
 
@@ -185,46 +189,57 @@ class MultiTurnRollout:
             if first is not None:
                 ep.add(self._observation_ids(tokenizer, first), policy=False)
         device = next(model.parameters()).device
-        pad = tokenizer.pad_token_id
         for turn in range(self.max_turns):
             active = [i for i, ep in enumerate(episodes) if not ep.done]
             if not active:
                 break
-            room = max(budget - len(episodes[i].tokens) for i in active)
-            ids, mask = _left_pad([episodes[i].prompt_ids + episodes[i].tokens for i in active], pad, device)
-            out = self.engine.generate_from_ids(model, tokenizer, ids, mask, min(turn_budget, room), greedy=greedy)
+            out = self._sample_turn(model, tokenizer, [episodes[i] for i in active], turn_budget, budget, greedy)
             for k, i in enumerate(active):
-                ep = episodes[i]
-                ep.states.append(ep.anchor)
-                n = int(out.completion_mask[k].sum())
-                left = budget - len(ep.tokens)
-                cut = n > left
-                n = min(n, left)
-                toks = out.completion_ids[k, :n].tolist()
-                ep.add(toks, policy=True, logprobs=out.logprobs[k, :n].float().tolist())
-                text = tokenizer.decode(toks, skip_special_tokens=True) if cut else out.texts[k]
-                ep.texts.append(text)
-                if cut or bool(out.truncated[k]):  # the turn hit its token limit: no complete message to answer
-                    ep.done = ep.truncated = True
-                    continue
-                step = envs[i].step(text)
-                ep.turn_ends.append(len(ep.tokens) - 1)
-                ep.rewards.append(float(step.reward))
-                for key, v in step.info.items():
-                    ep.counters[key] = ep.counters.get(key, 0) + v
-                if step.done or step.observation is None:
-                    ep.done = True
-                    continue
-                if turn == self.max_turns - 1:
-                    ep.done = ep.turn_limit = True
-                    continue
-                obs = self._observation_ids(tokenizer, step.observation)
-                if len(ep.tokens) + len(obs) >= budget:  # no room for the observation and a turn after it
-                    ep.done = ep.truncated = True
-                    continue
-                ep.add(obs, policy=False)
-                ep.anchor = state_key(step.observation)
+                self._take_turn(tokenizer, episodes[i], envs[i], out, k, budget, last=turn == self.max_turns - 1)
         return self._output(tokenizer, episodes, device)
+
+    def _sample_turn(self, model, tokenizer, eps: list[Episode], turn_budget: int, budget: int, greedy: bool):
+        """The next turn of each episode of ``eps`` (one row each): their contexts (prompt + everything so far, as
+        ids) continued by the engine, ``turn_budget`` tokens at most and no more than the roomiest episode has left."""
+        room = max(budget - len(ep.tokens) for ep in eps)
+        device = next(model.parameters()).device
+        ids, mask = _left_pad([ep.prompt_ids + ep.tokens for ep in eps], tokenizer.pad_token_id, device)
+        return self.engine.generate_from_ids(model, tokenizer, ids, mask, min(turn_budget, room), greedy=greedy)
+
+    def _take_turn(self, tokenizer, ep: Episode, env, out: RolloutOutput, k: int, budget: int, last: bool) -> None:
+        """Row ``k`` of the engine's ``out`` as ``ep``'s next turn: its tokens (cut to the episode budget), the
+        environment's step on its text, then the observation (or the end: done, the turn limit — ``last`` — or no
+        room left)."""
+        ep.states.append(ep.anchor)
+        n = int(out.completion_mask[k].sum())
+        left = budget - len(ep.tokens)
+        cut = n > left
+        n = min(n, left)
+        toks = out.completion_ids[k, :n].tolist()
+        ep.add(toks, policy=True, logprobs=out.logprobs[k, :n].float().tolist())
+        text = tokenizer.decode(toks, skip_special_tokens=True) if cut else out.texts[k]
+        ep.texts.append(text)
+        if cut or bool(out.truncated[k]):  # the turn hit its token limit: no complete message to answer
+            ep.done = ep.truncated = True
+            return
+        step = env.step(text)
+        ep.turn_ends.append(len(ep.tokens) - 1)
+        ep.rewards.append(float(step.reward))
+        ep.infos.append(dict(step.info))
+        for key, v in step.info.items():
+            ep.counters[key] = ep.counters.get(key, 0) + v
+        if step.done or step.observation is None:
+            ep.done = True
+            return
+        if last:
+            ep.done = ep.turn_limit = True
+            return
+        obs = self._observation_ids(tokenizer, step.observation)
+        if len(ep.tokens) + len(obs) >= budget:  # no room for the observation and a turn after it
+            ep.done = ep.truncated = True
+            return
+        ep.add(obs, policy=False)
+        ep.anchor = state_key(step.observation)
 
     def _output(self, tokenizer, episodes: list[Episode], device) -> RolloutOutput:
         pad = tokenizer.pad_token_id

@@ -186,6 +186,8 @@ class Trainer:
                 term.bind_policy(model, tokenizer)
             if hasattr(term, "bind_tokenizer"):  # terms that pay rewards at the sampled tokens (rewards.process)
                 term.bind_tokenizer(tokenizer)
+        if hasattr(rollout, "bind_reward_terms"):  # a rollout that picks among candidates by the reward (AT-GRPO)
+            rollout.bind_reward_terms(reward_terms)
         self.ckpt_dir = self.run_dir / "checkpoints"
         # whether a start continues the tracker runs saved in the run directory (rlexp.runs.identity: not for a
         # fresh run or a copied directory)
@@ -300,6 +302,8 @@ class Trainer:
             reuse = {"reuse": True} if getattr(self.rollout, "speculative", None) is not None else {}
             if getattr(self.rollout, "needs_records", False):  # multi-turn: an environment per record
                 reuse["records"] = records
+            if getattr(self.rollout, "segment_rows", False):  # SUPO: one row per summarised segment of an episode
+                reuse["segment_rows"] = True
             cond = self.algo.prompt_condition
             if cond is None:
                 out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
@@ -341,6 +345,12 @@ class Trainer:
         ).repeat_interleave(G)
         self._next_group += n
         row_records = [r for r in records for _ in range(G)]
+        rows = getattr(out, "row_episodes", None)
+        if rows is not None:  # SUPO (rollout=supo): several rows per episode, each its episode's group/prompt/record
+            groups = groups[torch.as_tensor(rows, dtype=torch.long, device=groups.device)]
+            row_prompts = [row_prompts[j] for j in rows]
+            row_records = [row_records[j] for j in rows]
+            conditions = None if conditions is None else conditions[torch.as_tensor(rows, dtype=torch.long)]
         episodes = getattr(out, "episodes", None)
         if episodes is not None:  # multi-turn: each row's episode (turns, per-turn rewards) for the reward terms
             row_records = [{**r, "episode": e} for r, e in zip(row_records, episodes)]
@@ -433,10 +443,11 @@ class Trainer:
             )
             if self.algo.kl.coef > 0 and self.algo.kl.mode == "reward":
                 pol = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
-                kl_tokens = (
-                    kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp)
-                    * batch.completion_mask
-                )
+                charged = batch.completion_mask
+                policy = batch.extras.get(POLICY_TOKENS)
+                if policy is not None:  # multi-turn: an environment's tokens (sampling log-prob 0) are no action
+                    charged = charged * policy[:, : charged.shape[1]].to(device=charged.device, dtype=charged.dtype)
+                kl_tokens = kl_estimate(pol, batch.ref_logprobs, self.algo.kl.estimator, self.algo.kl.clamp) * charged
                 kl = kl_tokens.sum(-1)
                 batch.reward = batch.reward - self.algo.kl.coef * kl
                 # per token too: an estimator that pays rewards per token (REINFORCE++) charges each token the KL

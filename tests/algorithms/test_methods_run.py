@@ -13,7 +13,14 @@ import pytest
 
 from rlexp.config.paths import CONF_DIR
 from rlexp.runs.training import run
+from tests.algorithms.test_arpo import ARPO_TINY
+from tests.algorithms.test_at_grpo import AT_GRPO
 from tests.algorithms.test_igpo import MULTI_TURN
+from tests.algorithms.test_spa_rl import SPA_RL
+from tests.algorithms.test_ssrl import SELF_SEARCH_RUN
+from tests.algorithms.test_stepsearch import SEARCH_RUN
+from tests.algorithms.test_supo import SUPO
+from tests.algorithms.test_tapo_tool import MULTI_TURN as TAPO_TOOL
 from tests.algorithms.varying_reward import VARYING
 
 # methods run through TRL's trainers (``backend: trl``: DPO, KTO, ORPO, online DPO) have no advantage; tests/preference
@@ -31,8 +38,9 @@ def _family(text: str) -> str | None:
 FIRST_OF_FAMILY = {"grpo"} | {
     min(m for m in METHODS if _family(CONFIGS[m]) == f) for f in {_family(CONFIGS[m]) for m in METHODS}
 }
-# multi-turn methods roll out episodes with a sandboxed tool in every one (~15 s each): long suite only
-MULTI_TURN_METHODS = {"gigpo", "igpo"}
+# multi-turn methods roll out episodes with a sandboxed tool in every one (~15 s each), CoMAS three rounds of replies
+# a step: long suite only
+MULTI_TURN_METHODS = {"arpo", "at_grpo", "comas", "gigpo", "igpo", "spa_rl", "stepsearch", "supo", "tapo_tool"}
 METHOD_PARAMS = [
     m if m in FIRST_OF_FAMILY and m not in MULTI_TURN_METHODS else pytest.param(m, marks=pytest.mark.long)
     for m in METHODS
@@ -115,6 +123,14 @@ SPLIT_AT = {
     # IGPO needs multi-turn episodes: the tiny model's first turn is a scripted Python call (the tool really runs)
     "igpo": MULTI_TURN,
     "gigpo": MULTI_TURN,
+    "arpo": ARPO_TINY,
+    "at_grpo": AT_GRPO,
+    "spa_rl": SPA_RL,
+    "supo": [o for o in SUPO if o != "algorithm=supo"],
+    "tapo_tool": TAPO_TOOL,
+    "stepsearch": SEARCH_RUN,
+    "ssrl": SELF_SEARCH_RUN,
+    "comas": ["algorithm.group_stages.0.label_term=null"],  # the varying reward stands in (see co_reward)
 }
 
 

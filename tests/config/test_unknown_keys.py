@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.schema import EPISODE_PARTS, ConfigError, validate, validate_eval
+from rlexp.config.schema import BRANCH_PARTS, EPISODE_PARTS, ConfigError, validate, validate_eval
 from tests.conftest import compose_train
 
 
@@ -63,14 +63,41 @@ def companions(group: str, path: Path) -> list[str]:
         return ["dataset.path=x.jsonl"]
     if (group, path.stem) == ("rollout", "multi_turn"):
         return ENVIRONMENT
+    if group == "environment":  # played by the multi-turn rollout; tool use over a tool
+        return ["rollout=multi_turn", *(["tools=[python]"] if path.stem == "tool_use" else [])]
     if group == "algorithm" and any(part in path.read_text() for part in EPISODE_PARTS):
         return ["rollout=multi_turn", *ENVIRONMENT]
+    if (group, path.stem) == ("rollout", "arpo"):  # ARPO's branching rollout: an environment too
+        return ENVIRONMENT
+    if group == "algorithm" and any(part in path.read_text() for part in BRANCH_PARTS):
+        return ["rollout=arpo", *ENVIRONMENT]
+    # SUPO's summarising rollout: an environment
+    if (group, path.stem) == ("rollout", "supo"):
+        return ENVIRONMENT
+    if (group, path.stem) == ("algorithm", "supo"):
+        return ["rollout=supo", *ENVIRONMENT]
+    # AT-GRPO's turn-wise candidates: an environment, G = K candidates x the turn limit (4 x 2 here)
+    if (group, path.stem) == ("rollout", "turn_groups"):
+        return [*ENVIRONMENT, "trainer.num_generations=8"]
+    if (group, path.stem) == ("algorithm", "at_grpo"):
+        return ["rollout=turn_groups", *ENVIRONMENT, "trainer.num_generations=8"]
     return []
 
 
 OPTIONS = [
     [f"{g}={p.stem}", *companions(g, p)]
-    for g in ["model", "dataset", "prompt", "reward", "algorithm", "rollout", "tracker", "optimizer", "sampler"]
+    for g in [
+        "model",
+        "dataset",
+        "prompt",
+        "reward",
+        "algorithm",
+        "rollout",
+        "environment",
+        "tracker",
+        "optimizer",
+        "sampler",
+    ]
     for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))
 ] + [[f"+{g}={p.stem}"] for g in ["experiment", "sweep"] for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))]
 

@@ -18,7 +18,8 @@ class GameEngine(HFRollout):
         n = ids.shape[0]
         eos = tokenizer.eos_token_id
         contexts = tokenizer.batch_decode(ids)
-        if any(c.count("<|im_start|>assistant") > 1 for c in contexts):  # a later turn: sampled, then closed
+        # a later turn (the last user message is the game's feedback): sampled, then closed
+        if any(not _first_turn(c) for c in contexts):
             out = super().generate_from_ids(model, tokenizer, ids, mask, max(1, max_new_tokens - 1), use_shadow, greedy)
             lengths = out.completion_mask.sum(-1)
             comp = torch.cat([out.completion_ids, torch.full((n, 1), tokenizer.pad_token_id, device=ids.device)], 1)
@@ -36,3 +37,10 @@ class GameEngine(HFRollout):
             comp[k, : len(r)], cmask[k, : len(r)] = torch.tensor(r), 1
         texts = [FIRST[k % 2] for k in range(n)]
         return RolloutOutput(ids, mask, comp, cmask, torch.zeros(comp.shape), torch.zeros(n, dtype=torch.bool), texts)
+
+
+def _first_turn(context: str) -> bool:
+    """The question's turn: the context's only assistant header, or (a prompt with worked examples before the
+    question) the last user message carries prompt=text_game's instruction ("Your command:"), which the game's
+    feedback does not."""
+    return context.count("<|im_start|>assistant") == 1 or "Your command:" in context.rsplit("<|im_start|>user", 1)[-1]

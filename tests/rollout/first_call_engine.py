@@ -14,7 +14,8 @@ CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(17 * 3)"}}</t
 class FirstCallEngine(HFRollout):
     def generate_from_ids(self, model, tokenizer, ids, mask, max_new_tokens, use_shadow=True, greedy=False):
         contexts = tokenizer.batch_decode(ids)
-        if any("<|im_start|>tool" in c for c in contexts):  # a later turn: the real engine samples it
+        # a later turn (a tool result after the question; the prompt's worked examples come before it): sampled
+        if any("<|im_start|>tool" in c.rsplit("<|im_start|>user", 1)[-1] for c in contexts):
             return super().generate_from_ids(model, tokenizer, ids, mask, max_new_tokens, use_shadow, greedy)
         toks = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         comp = torch.tensor([toks] * ids.shape[0], device=ids.device)

@@ -11,6 +11,8 @@ across processes; verl's recipe also works per micro-batch). Tokens with entropy
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rlexp.core.forward import clamped_entropy  # noqa: F401  (AEnt's entropy, computed in the forward)
@@ -141,3 +143,104 @@ class EntropyBand:
     def update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Nothing adapts (the band is per completion, from its own entropies); no state for checkpoints."""
         return {}
+
+
+@REGULARISERS.register
+class EntropySmoothing:
+    """EPO's entropy term ("EPO: Entropy-regularized Policy Optimization for LLM Agents Reinforcement Learning", Xu et
+    al., 2025; arXiv 2509.22576, Eqs. 2–6 and Algorithm 1): an entropy bonus over the episode's policy tokens, all turns
+    together, plus a smoothing penalty that keeps each token's entropy in a corridor around the historical average.
+
+    Per token: ``coef`` λ · (−H + β_k · α · P(H)), P(H) = [κ_l·H̄_W − H]₊ + [H − κ_r·H̄_W]₊, where H̄_W is the mean of
+    the earlier training steps' token-mean entropies (the paper's cumulative window W_k; the token mean of this term's
+    own entropies, ``epo/entropy``, appended after each step) and β_k = 1 + exp(−γ·k / k_mid), k the 0-based step and
+    k_mid = ⌊K/2⌋ (K = ``total_steps``; the paper's dynamic weight, 2 at the start, → 1 by mid-training). At step 0
+    there is no history and the penalty is off (Algorithm 1). Differentiable through H (the full-vocabulary entropy):
+    the penalty's gradient pushes a token's entropy back up under the corridor and down above it.
+
+    Per-token statistics: ``epo/entropy`` (H), ``epo/smoothing_penalty`` (α·P: its token mean is L_smooth),
+    ``epo/out_of_band_frac`` (tokens outside the corridor). After each step: ``epo/entropy_target`` (H̄_W used at the
+    step, 0 before any history), ``epo/beta`` (β_k used; 0 while the penalty is off), ``epo/next_entropy_target``."""
+
+    clamp = 0.0
+
+    def __init__(
+        self,
+        coef: float = 0.001,
+        alpha: float = 0.1,
+        kappa_low: float = 0.0,
+        kappa_high: float = 2.0,
+        gamma: float = 3.0,
+        total_steps: int = 100,
+        dynamic_weight: bool = True,
+    ):
+        if coef < 0 or alpha < 0:
+            raise ValueError(f"algorithm.entropy_control: coef ({coef}) and alpha ({alpha}) must be >= 0")
+        if not 0.0 <= kappa_low <= kappa_high:
+            raise ValueError(
+                f"algorithm.entropy_control: need 0 <= kappa_low ({kappa_low}) <= kappa_high ({kappa_high})"
+            )
+        if gamma < 0:
+            raise ValueError(f"algorithm.entropy_control.gamma={gamma} must be >= 0")
+        if total_steps < 1:
+            raise ValueError(f"algorithm.entropy_control.total_steps={total_steps} must be >= 1")
+        self.coef, self.alpha, self.gamma = float(coef), float(alpha), float(gamma)
+        self.kappa_low, self.kappa_high = float(kappa_low), float(kappa_high)
+        self.total_steps, self.dynamic_weight = int(total_steps), bool(dynamic_weight)
+        self.history: list[float] = []  # H̄_m of each earlier step m
+
+    @property
+    def step_index(self) -> int:
+        """k: the 0-based index of the step being trained (the steps already in the history)."""
+        return len(self.history)
+
+    def target(self) -> float | None:
+        """H̄_W: the mean of the earlier steps' entropies (None before the first step ends)."""
+        return sum(self.history) / len(self.history) if self.history else None
+
+    def beta(self) -> float:
+        """β_k = 1 + exp(−γ·k / k_mid), k_mid = ⌊K/2⌋ (1 with ``dynamic_weight=false``: the paper's "W/O DW")."""
+        if not self.dynamic_weight:
+            return 1.0
+        k_mid = max(1, self.total_steps // 2)
+        return 1.0 + math.exp(-self.gamma * self.step_index / k_mid)
+
+    def penalty(self, entropy: torch.Tensor, target: float) -> torch.Tensor:
+        """P(H) = [κ_l·H̄ − H]₊ + [H − κ_r·H̄]₊ per token (differentiable through H)."""
+        h = entropy.float()
+        return torch.relu(self.kappa_low * target - h) + torch.relu(h - self.kappa_high * target)
+
+    def token_term(self, entropy: torch.Tensor, mask: torch.Tensor, selected: torch.Tensor | None = None):
+        """(N, T) λ·(−H + β_k·α·P(H)) to add to the per-token loss, and its per-token statistics."""
+        h = entropy.float()
+        target = self.target()
+        if target is None:
+            smooth = torch.zeros_like(h)
+            out = torch.zeros_like(h, dtype=torch.bool)
+        else:
+            smooth = self.alpha * self.penalty(h, target)
+            out = smooth.detach() > 0
+        beta = self.beta() if target is not None else 0.0
+        stats = {"epo/entropy": h.detach(), "epo/smoothing_penalty": smooth.detach()}
+        stats["epo/out_of_band_frac"] = out.float()
+        return self.coef * (-h + beta * smooth), stats
+
+    def update(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Append the step's token-mean entropy H̄_k to the history (the next step's corridor is around the new mean)."""
+        target, beta = self.target(), self.beta()
+        h = metrics.get("epo/entropy", float("nan"))
+        if math.isfinite(h):
+            self.history.append(float(h))
+        nxt = self.target()
+        return {
+            "epo/entropy_target": target if target is not None else 0.0,
+            "epo/beta": beta if target is not None else 0.0,
+            "epo/next_entropy_target": nxt if nxt is not None else 0.0,
+        }
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            self.history = [float(x) for x in state["history"]]
