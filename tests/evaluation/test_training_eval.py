@@ -3,6 +3,7 @@ the per-step consistency rates when switched on (tiny model)."""
 
 import json
 
+import pytest
 from hydra.utils import instantiate
 
 from rlexp.evaluation.sources import ReasoningGymSource
@@ -14,6 +15,7 @@ def rows(run_dir):
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # ~10 s: kept out of the default suite (its 10-minute budget)
 def test_eval_every_logs_benchmark_metrics_at_those_steps(tiny_cfg, tmp_path):
     cfg = tiny_cfg(
         "trainer.max_steps=3",
@@ -41,6 +43,7 @@ def test_eval_every_logs_benchmark_metrics_at_those_steps(tiny_cfg, tmp_path):
         assert len(problems) == 3 and all(len(p["samples"]) == 2 for p in problems)
 
 
+@pytest.mark.long  # ~10 s: kept out of the default suite (its 10-minute budget)
 def test_consistency_rate_is_a_per_step_training_metric(tiny_cfg, tmp_path):
     run(tiny_cfg("consistency.enabled=true", "consistency.max_new_tokens=4"))
     for r in rows(tmp_path / "run"):

@@ -106,6 +106,7 @@ def test_merged_weights_equal_peft_merge_and_unload(tiny, lora_model):
     torch.testing.assert_close(merged[q], by_hand)
 
 
+@pytest.mark.long  # ~10 s: kept out of the default suite (its 10-minute budget)
 def test_two_lora_steps_checkpoint_the_adapters_and_resume(tiny_cfg, tmp_path):
     small = [
         "model/peft=lora",

@@ -156,6 +156,7 @@ def test_unknown_experiment_and_experiment_without_spec(tmp_path):
         load_spec("plain", tmp_path)
 
 
+@pytest.mark.long  # ~10 s: kept out of the default suite (its 10-minute budget)
 def test_every_arm_at_every_scale_composes_and_validates(tmp_path):
     """What `rlexp reproduce` would train passes the train app's checks (no SmolLM2 run here)."""
     from rlexp.config.schema import validate
