@@ -45,7 +45,7 @@ import torch
 from rlexp.core.forward import token_logprobs
 from rlexp.environments.tool_use import ToolUseEpisode
 from rlexp.rollout.hf import RolloutOutput
-from rlexp.rollout.multi_turn import Episode, MultiTurnRollout, _left_pad, state_key
+from rlexp.rollout.multi_turn import Episode, MultiTurnRollout, _left_pad
 
 REFILLS = ("all", "one")
 
@@ -158,8 +158,7 @@ class BranchingRollout(MultiTurnRollout):
             if not greedy:
                 out.stats.update(_branch_metrics(len(prompts), G, 0, 0, [], [], [], 0.0))
             return out
-        budget = min(max_new_tokens or self.max_episode_tokens, self.max_episode_tokens)
-        turn_budget = min(self.max_turn_tokens, budget)
+        budget, turn_budget = self._budgets(max_new_tokens)
         records = records if records is not None else [{} for _ in prompts]
         prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         device = next(model.parameters()).device
@@ -170,10 +169,7 @@ class BranchingRollout(MultiTurnRollout):
         def start(g: int) -> None:
             ep = BranchEpisode(list(prompt_ids[g]), group=g, index=len(groups[g]))
             env = self.environment(records[g])
-            first = env.reset()
-            ep.anchor = state_key(prompts[g] + (first or ""))  # the first anchor state: the prompt's
-            if first is not None:
-                ep.add(self._observation_ids(tokenizer, first), policy=False)
+            self._open(tokenizer, ep, env, prompts[g])
             groups[g].append(ep)
             envs[id(ep)] = env
 

@@ -162,6 +162,19 @@ class MultiTurnRollout:
         before, after = self._templates[key]
         return tokenizer(before + text + after, add_special_tokens=False)["input_ids"]
 
+    def _budgets(self, max_new_tokens: int | None) -> tuple[int, int]:
+        """(the episode's token budget, a turn's): ``max_new_tokens`` caps ``max_episode_tokens``."""
+        budget = min(max_new_tokens or self.max_episode_tokens, self.max_episode_tokens)
+        return budget, min(self.max_turn_tokens, budget)
+
+    def _open(self, tokenizer, ep: Episode, env, prompt: str) -> None:
+        """Start ``ep`` on ``env``: reset it; the first anchor state is the prompt's (with the environment's first
+        observation, if any, which joins the episode as environment tokens)."""
+        first = env.reset()
+        ep.anchor = state_key(prompt + (first or ""))
+        if first is not None:
+            ep.add(self._observation_ids(tokenizer, first), policy=False)
+
     @torch.no_grad()
     def generate(
         self,
@@ -177,17 +190,13 @@ class MultiTurnRollout:
         """``num_generations`` episodes of each prompt (record-major, as single-turn rows); ``records``: the prompts'
         records (None: an empty record each, enough for tool use)."""
         G = num_generations
-        budget = min(max_new_tokens or self.max_episode_tokens, self.max_episode_tokens)
-        turn_budget = min(self.max_turn_tokens, budget)
+        budget, turn_budget = self._budgets(max_new_tokens)
         records = records if records is not None else [{} for _ in prompts]
         prompt_ids = tokenizer([p for p in prompts for _ in range(G)], add_special_tokens=False)["input_ids"]
         episodes = [Episode(ids) for ids in prompt_ids]
         envs = [self.environment(r) for r in records for _ in range(G)]
         for k, (ep, env) in enumerate(zip(episodes, envs)):
-            first = env.reset()
-            ep.anchor = state_key(prompts[k // G] + (first or ""))  # the first anchor state: the prompt's
-            if first is not None:
-                ep.add(self._observation_ids(tokenizer, first), policy=False)
+            self._open(tokenizer, ep, env, prompts[k // G])
         device = next(model.parameters()).device
         for turn in range(self.max_turns):
             active = [i for i, ep in enumerate(episodes) if not ep.done]

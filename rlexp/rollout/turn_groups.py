@@ -174,18 +174,16 @@ class TurnGroupRollout(MultiTurnRollout):
         if greedy or records is None:
             return super().generate(model, tokenizer, prompts, num_generations, greedy, max_new_tokens, records, **kw)
         K, T = self.group_size(num_generations), self.max_turns
-        budget = min(max_new_tokens or self.max_episode_tokens, self.max_episode_tokens)
-        turn_budget = min(self.max_turn_tokens, budget)
+        budget, turn_budget = self._budgets(max_new_tokens)
         device = next(model.parameters()).device
         pad = tokenizer.pad_token_id
         paths = [Episode(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
         envs = [[self.environment(r) for _ in range(K)] for r in records]
         actions: list[list[str]] = [[] for _ in prompts]  # the chosen turns' texts, replayed into fresh copies
         for i, path in enumerate(paths):
-            first = [env.reset() for env in envs[i]][0]
-            path.anchor = state_key(prompts[i] + (first or ""))
-            if first is not None:
-                path.add(self._observation_ids(tokenizer, first), policy=False)
+            self._open(tokenizer, path, envs[i][0], prompts[i])  # the path's; the candidates' copies start alike
+            for env in envs[i][1:]:
+                env.reset()
         rows: list[list[tuple[Episode, dict] | None]] = [[None] * (K * T) for _ in prompts]
         chosen_scores, gains, varied = [], [], []
         for turn in range(T):
