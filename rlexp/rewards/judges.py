@@ -230,6 +230,8 @@ class GenerativeJudge(RewardTerm):
     does not parse is a failure of the row (``reward/<term>/failures``), scored ``failure_score``. Metrics:
     ``parsed_frac``, ``cache_hits``, ``judged`` (replies generated this step)."""
 
+    judges_correctness = True  # scores in [0, 1]: the run logs its agreement with the accuracy term
+
     def __init__(
         self,
         weight: float = 1.0,

@@ -52,6 +52,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from rlexp.core.registry import REWARDS
+from rlexp.rewards.answers import ANSWER_FORMATS, extract_answer
 from rlexp.rewards.terms import RewardTerm, Sample, TermResult
 
 log = logging.getLogger(__name__)
@@ -367,6 +368,8 @@ class ProcessReward(RewardTerm):
     stages such as PROF's filter). A completion with no step is "does not apply" (missing, scored 0); a row the
     scorer cannot score is a failure."""
 
+    judges_correctness = True  # scores in [0, 1]: the run logs its agreement with the accuracy term
+
     def __init__(
         self,
         weight: float = 1.0,
@@ -393,6 +396,7 @@ class ProcessReward(RewardTerm):
         batch_size: int = 8,
         max_length: int = 4096,
         trust_remote_code: bool = False,
+        require_answer: str | None = None,
     ):
         super().__init__(weight)
         if split not in SPLIT_MODES:
@@ -437,9 +441,17 @@ class ProcessReward(RewardTerm):
         self.split, self.tag_pattern, self.aggregate = split, tag_pattern, aggregate
         self.dense, self.unit, self.threshold = bool(dense), unit, float(threshold)
         self.max_steps, self.question_key, self.cache_size = int(max_steps), question_key, int(cache_size)
+        if require_answer is not None and require_answer not in ANSWER_FORMATS:
+            raise ValueError(f"require_answer={require_answer!r} is not null or one of {list(ANSWER_FORMATS)}")
+        self.require_answer = require_answer
         self.cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self.cache_hits = 0  # over the term's life
         self.tokenizer = None  # the policy's tokenizer, for dense token positions (bind_tokenizer)
+
+    def bind_policy(self, model, tokenizer) -> None:
+        """The trainer's policy, for a scorer that judges with it or its initial copy (``StepJudge``)."""
+        if hasattr(self.scorer, "bind"):
+            self.scorer.bind(model, tokenizer)
 
     def bind_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer (the run injects it): dense rewards find step ends among the sampled tokens."""
@@ -490,8 +502,11 @@ class ProcessReward(RewardTerm):
         spans = [self.spans(s.completion) for s in samples]
         per: list[list[float] | None] = [None] * n
         hits, todo, owners = 0, {}, {}
+        gated = [False] * n
+        if self.require_answer is not None:  # SPARK's format constraint: no stated answer, no process reward
+            gated = [extract_answer(s.completion, self.require_answer) is None for s in samples]
         for i, s in enumerate(samples):
-            if not spans[i]:
+            if not spans[i] or gated[i]:
                 per[i] = []
                 continue
             key = (s.prompt, s.completion)
@@ -551,6 +566,10 @@ class ProcessReward(RewardTerm):
             "steps_mean": n_steps / max(1, n - sum(failures)),
             "step_score_mean": step_sum / step_n if step_n else 0.0,
         }
+        if self.require_answer is not None:
+            metrics["format_gated_frac"] = sum(gated) / max(1, n)
+        if todo and getattr(self.scorer, "stats", None):  # a judge's own counts (asked, unparsed verdicts)
+            metrics.update({f"judge_{k}": float(v) for k, v in self.scorer.stats.items()})
         if self.dense:  # step rewards placed at tokens, per row
             metrics["token_rewards_mean"] = sum(len(t) for t in tokens) / max(1, n)
         return TermResult(values, failures, missing, metrics, token_rewards=tokens if self.dense else None)

@@ -559,7 +559,8 @@ class Trainer:
         tokens = float(fresh.completion_mask.sum())
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["time/step_s"], 1e-9)
         timings["throughput/generate_tokens_per_s"] = tokens / max(timings["time/generate_s"], 1e-9)
-        metrics = {**batch_metrics(fresh, self.accuracy_term), **train, **kl_metrics, **timings}
+        judged = [n for n, t in self.reward_terms.items() if getattr(t, "judges_correctness", False)]
+        metrics = {**batch_metrics(fresh, self.accuracy_term, judged), **train, **kl_metrics, **timings}
         if hasattr(self.sampler, "metrics"):  # its choices and the difficulty history (``sampler/…``)
             metrics.update(self.sampler.metrics())
         if replayed is not None:

@@ -9,7 +9,9 @@ from rlexp.core.masks import UNSCORED
 from rlexp.core.stats import group_stats
 
 
-def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, float]:
+def batch_metrics(batch: RolloutBatch, accuracy_term: str | None, judged_terms=()) -> dict[str, float]:
+    """``judged_terms``: reward terms a model scores in [0, 1] (judges, PRMs); each logs ``reward/<term>/
+    rule_agreement``, the share of rows it scored where its verdict (score >= 0.5) matches the accuracy term's."""
     m: dict[str, float] = {}
     r = batch.reward.float()
     m["reward/mean"] = float(r.mean())
@@ -30,6 +32,13 @@ def batch_metrics(batch: RolloutBatch, accuracy_term: str | None) -> dict[str, f
         firsts = _group_firsts(batch.group_ids)
         m["groups/all_correct_frac"] = float((gmean[firsts] >= 1.0 - 1e-8).float().mean())
         m["groups/all_wrong_frac"] = float((gmean[firsts] <= 1e-8).float().mean())
+        for name in judged_terms:
+            if name in batch.reward_names and name != accuracy_term:
+                j = batch.reward_names.index(name)
+                scored = ~batch.reward_failures[:, j]
+                if scored.any():
+                    agree = (batch.rewards[:, j] >= 0.5) == (acc >= 0.5)
+                    m[f"reward/{name}/rule_agreement"] = float(agree[scored].float().mean())
     if batch.advantages is not None:
         a = batch.advantages.float()
         if a.dim() == 2:  # per-token advantages: their spread within a completion (0 for a sequence advantage)
