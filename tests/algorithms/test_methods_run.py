@@ -81,6 +81,12 @@ SPLIT_AT = {
     # the tiny model never ends a completion, so the papers' unfinished-continuation value 0 would zero every MC value
     "vineppo": ["algorithm.group_stages.0.truncated_reward=null"],
     "spo_chain": ["algorithm.group_stages.0.truncated_reward=null"],
+    # TP-GRPO's thoughts come from a process term: the varying reward stands in for it (each completion one thought)
+    "tp_grpo": [
+        "+reward.terms.prm._target_=tests.algorithms.varying_reward.VowelShare",
+        "trainer.num_generations=4",
+        "algorithm.group_stages.0.correct_min=0.4",
+    ],
     "grpo_s": SPLIT,
     "knapsack_grpo": ["sampler=knapsack"],  # its merge stage needs the knapsack sampler's allocation
     "pf_ppo": ["trainer.num_generations=4"],  # keeps the best and worst of each group: more than 2 to filter
