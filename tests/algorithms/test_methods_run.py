@@ -33,18 +33,17 @@ def _family(text: str) -> str | None:
     return found.group(1) if found else None
 
 
-# the default suite runs GRPO and the first method of each family; every method runs in the long suite (CI runs both):
-# ~95 two-step runs took four of the default suite's ten minutes
-FIRST_OF_FAMILY = {"grpo"} | {
-    min(m for m in METHODS if _family(CONFIGS[m]) == f) for f in {_family(CONFIGS[m]) for m in METHODS}
-}
 # multi-turn methods roll out episodes with a sandboxed tool in every one (~15 s each), CoMAS three rounds of replies
-# a step: long suite only
+# a step; Cooper and RL Tango build and train a second model: long suite only
 MULTI_TURN_METHODS = {"arpo", "at_grpo", "comas", "gigpo", "igpo", "spa_rl", "stepsearch", "supo", "tapo_tool"}
-METHOD_PARAMS = [
-    m if m in FIRST_OF_FAMILY and m not in MULTI_TURN_METHODS else pytest.param(m, marks=pytest.mark.long)
-    for m in METHODS
-]
+LONG_ONLY = MULTI_TURN_METHODS | {"cooper", "rl_tango"}
+# the default suite runs GRPO and the first (other) method of each family; every method runs in the long suite (CI
+# runs both): ~95 two-step runs took four of the default suite's ten minutes
+_FAST_METHODS = [m for m in METHODS if m not in LONG_ONLY]
+FIRST_OF_FAMILY = {"grpo"} | {
+    min(m for m in _FAST_METHODS if _family(CONFIGS[m]) == f) for f in {_family(CONFIGS[m]) for m in _FAST_METHODS}
+}
+METHOD_PARAMS = [m if m in FIRST_OF_FAMILY else pytest.param(m, marks=pytest.mark.long) for m in METHODS]
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2"]  # keep ~20 runs cheap
 
 
