@@ -159,6 +159,9 @@ class RLExpConfig:
     tracker: Any = MISSING
     optimizer: Any = MISSING
     sampler: Any = None  # which prompts each step draws (conf/sampler; null: shuffle)
+    # data parallelism under accelerate launch / torchrun (conf/distributed; rlexp/trainer/distributed.py); null or
+    # distributed=none: one process
+    distributed: Any = None
     environment: Any = None  # multi-turn episodes' environment (conf/environment; with rollout=multi_turn)
     tools: Any = None  # the tools of environment=tool_use (conf/tools; a list selection: tools=[python,calculator])
     run_name: Optional[str] = None
@@ -340,6 +343,24 @@ def _check_branching(cfg: DictConfig, rollout, targets: list) -> None:
         raise ConfigError("rollout=arpo needs an environment: e.g. environment=tool_use tools=[python]")
 
 
+TREE_PARTS = {
+    "rlexp.algorithms.advantages.tree.treepo": "tree",
+    "rlexp.algorithms.advantages.tree.treerl": "eptree",
+    "rlexp.algorithms.advantages.tree.spo_tree": "spo_tree",
+}
+TREE_ROLLOUTS = ("rlexp.rollout.tree.SegmentTreeRollout", "rlexp.rollout.tree.EntropyTreeRollout")
+
+
+def _check_trees(rollout, targets: list) -> None:
+    """TreePO, TreeRL and SPO-tree: their advantages read the tree rollout's node paths."""
+    for target, key in targets:
+        if target in TREE_PARTS and rollout not in TREE_ROLLOUTS:
+            raise ConfigError(
+                f"{key} ({target.rsplit('.', 1)[-1]}) reads the tree rollout's node paths: run it with "
+                f"rollout={TREE_PARTS[target]} (rollout is {rollout})"
+            )
+
+
 def _check_episodes(cfg: DictConfig) -> None:
     """A method whose parts read episodes refuses a single-turn rollout; a multi-turn rollout needs an environment."""
     rollout = cfg.rollout.get("_target_")
@@ -357,6 +378,7 @@ def _check_episodes(cfg: DictConfig) -> None:
     if rollout == MULTI_TURN_ROLLOUT and cfg.get("environment") is None:
         raise ConfigError("rollout=multi_turn needs an environment: e.g. environment=tool_use tools=[python]")
     _check_branching(cfg, rollout, targets)
+    _check_trees(rollout, targets)
     for target, key in targets:
         if target in SEGMENT_PARTS and rollout != SUMMARIZING_ROLLOUT:
             raise ConfigError(

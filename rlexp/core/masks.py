@@ -91,3 +91,15 @@ def loss_mask(batch) -> torch.Tensor:
     if rows is None:
         return mask
     return mask * rows.to(device=mask.device, dtype=mask.dtype)[:, None]
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether each row has no EOS."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    has_eos = is_eos.any(-1)
+    first = torch.where(
+        has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long)
+    )
+    pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    mask = (pos[None, :] <= first[:, None]).long()
+    return mask, ~has_eos

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from rlexp.core.masks import completion_mask_from_ids  # noqa: F401 (re-exported: rollouts and tests import it here)
 from rlexp.rollout.decode import CAPTURED, GRAPHS, DecodeLoop, Sampling
 from rlexp.rollout.speculative import RolloutCache, SpeculativeReuse, accepted_lengths
 from rlexp.rollout.temperature import build_token_temperature
@@ -76,18 +77,6 @@ class RolloutOutput:
     # each row's episode record (turns, per-turn rewards, counters)
     policy_tokens: torch.Tensor | None = None
     episodes: list[dict] | None = None
-
-
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask of tokens up to and including the first EOS, and whether each row has no EOS."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
-    has_eos = is_eos.any(-1)
-    first = torch.where(
-        has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long)
-    )
-    pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    mask = (pos[None, :] <= first[:, None]).long()
-    return mask, ~has_eos
 
 
 ENGINES = ("generate", "loop")

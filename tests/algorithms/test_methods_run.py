@@ -80,6 +80,10 @@ SPLIT_AT = {
     # the tiny model never ends a completion, so the papers' unfinished-continuation value 0 would zero every MC value
     "vineppo": ["algorithm.group_stages.0.truncated_reward=null"],
     "spo_chain": ["algorithm.group_stages.0.truncated_reward=null"],
+    # the tree methods' advantages read their tree rollout's node paths
+    "treepo": ["rollout=tree"],
+    "treerl": ["rollout=eptree"],
+    "spo_tree": ["rollout=spo_tree"],
     # TP-GRPO's thoughts come from a process term: the varying reward stands in for it (each completion one thought)
     "tp_grpo": [
         "+reward.terms.prm._target_=tests.algorithms.varying_reward.VowelShare",

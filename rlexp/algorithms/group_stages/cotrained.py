@@ -814,7 +814,7 @@ class TangoVerifier(CoTrained):
         """``counts[j]`` verifications of prompt j, sampled by the verifier on a forked random stream (seeded by
         the stage's seed and the step): dicts with the prompt index ``j``, ``prompt`` and ``completion`` token id
         lists (the completion up to and including its end token) and ``text``."""
-        from rlexp.rollout.hf import completion_mask_from_ids
+        from rlexp.core.masks import completion_mask_from_ids
 
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
