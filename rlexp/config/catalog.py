@@ -18,8 +18,16 @@ from rlexp.config.paths import CONF_DIR as CONF_PATH
 CONF_DIR = Path(CONF_PATH)
 
 
+# folders of conf/ that hold files for other tools, not Hydra group options (accelerate's launcher configs)
+NOT_GROUPS = ("accelerate",)
+
+
 def groups(conf_dir: Path = CONF_DIR) -> list[str]:
-    return sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    return sorted(
+        p.name
+        for p in conf_dir.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "_")) and p.name not in NOT_GROUPS
+    )
 
 
 def resolve_group(name: str, conf_dir: Path = CONF_DIR) -> str:

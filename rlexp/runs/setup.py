@@ -71,8 +71,13 @@ def link_latest(run_dir: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def build_trackers(cfg: DictConfig, run_dir: Path):
+def build_trackers(cfg: DictConfig, run_dir: Path, main: bool = True):
     from rlexp.tracking.base import JSONLTracker, MultiTracker
+
+    if not main:  # distributed=ddp: a process other than the main one logs nothing (rlexp.trainer.distributed)
+        from rlexp.trainer.distributed import FollowerJSONL
+
+        return MultiTracker([]), FollowerJSONL(run_dir / "metrics.jsonl")
 
     backends = [instantiate(b) for b in (cfg.tracker.get("backends") or {}).values()]
     return MultiTracker(backends), JSONLTracker(run_dir / "metrics.jsonl")

@@ -5,7 +5,7 @@ Optuna sweeper reads its objective from them). The command is ``rlexp train`` (`
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -62,15 +62,40 @@ def run(cfg: DictConfig, callbacks: list | None = None):
     validate(cfg)
     from rlexp.sweeping.callback import sweep_callbacks  # a job of an Optuna sweep reports to its trial
 
-    callbacks = [*(callbacks or []), *sweep_callbacks(cfg)]
+    given = list(callbacks or [])
+    callbacks = [*given, *sweep_callbacks(cfg)]
     t = cfg.trainer
     device = prepare_process(t)
     run_dir = Path(t.run_dir)
+    dist = None
+    if cfg.get("distributed") is not None:  # conf/distributed: under accelerate launch / torchrun
+        dist, device, run_dir = _distributed(cfg, device, run_dir)
+        if dist is not None and not dist.is_main:
+            callbacks = given  # a sweep's trial hears from the main process only
     try:
-        with hold_run_dir(run_dir):
-            return _run(cfg, t, device, run_dir, callbacks)
+        with hold_run_dir(run_dir) if dist is None or dist.is_main else nullcontext():
+            return _run(cfg, t, device, run_dir, callbacks, dist)
     finally:
         release_device_memory(device)
+        if dist is not None:
+            dist.close()
+
+
+def _distributed(cfg: DictConfig, device, run_dir: Path):
+    """``distributed=ddp`` (``rlexp.trainer.distributed``): this process's ``Distributed`` (None for one process
+    under distributed=none), its device and the run directory of the main process."""
+    from rlexp.config.schema import ConfigError
+    from rlexp.trainer.distributed import setup
+
+    dist, device = setup(cfg, device)
+    if dist is None:
+        return None, device, run_dir
+    if dist.active and (is_trl_backed(cfg) or is_sft(cfg)):
+        raise ConfigError(
+            "distributed=ddp trains rlexp's RL step; TRL-backed methods (algorithm.backend=trl) and stage=sft run "
+            "TRL's trainers, which `accelerate launch` distributes by themselves without distributed=ddp"
+        )
+    return dist, device, dist.agree_run_dir(run_dir)
 
 
 @contextmanager
@@ -97,10 +122,17 @@ def hold_run_dir(run_dir: Path):
         lock.release()
 
 
-def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
+def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, dist=None):
     """Build and train. A fresh run writes its files (config.yaml, provenance.json, run.json) at once; a resume
     only after its checkpoint has loaded, so a failed resume leaves the run directory as it was. Whatever
-    fails before training marks the written provenance FAILED."""
+    fails before training marks the written provenance FAILED. Under distributed=ddp only the main process does
+    this; the others build the same trainer without trackers or evaluation and train beside it."""
+    if dist is not None and not dist.is_main:
+        from rlexp.runs.identity import RunIdentity
+
+        identity = RunIdentity(uid="", path=str(run_dir.resolve()), created="")  # never saved: the main's is
+        trainer, _ = _build(cfg, t, device, run_dir, callbacks, {}, identity, dist)
+        return trainer.train()
     from rlexp.runs.identity import claim_identity
     from rlexp.tracking.provenance import collect_provenance, finish_provenance, run_tags, save_provenance
     from rlexp.trainer.checkpoint import find_checkpoint
@@ -119,7 +151,7 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
         written = True
     trainer, tracker = None, None
     try:
-        trainer, tracker = _build(cfg, t, device, run_dir, callbacks, run_tags(cfg, prov, run_dir), identity)
+        trainer, tracker = _build(cfg, t, device, run_dir, callbacks, run_tags(cfg, prov, run_dir), identity, dist)
         if resuming:
             trainer.restore()
             save_provenance(cfg, run_dir, prov)
@@ -135,7 +167,7 @@ def _run(cfg: DictConfig, t, device, run_dir: Path, callbacks: list):
             report(run_dir, trainer.finished, tracker)
 
 
-def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity):
+def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dict, identity, dist=None):
     if is_trl_backed(cfg):  # algorithm.backend=trl: TRL's DPO/KTO/ORPO/online-DPO trainer in our run (rlexp.preference)
         from rlexp.preference.runner import build_run
 
@@ -155,6 +187,9 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     algorithm = build(cfg.algorithm, "algorithm", _convert_="all")
     rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)
+    main = dist is None or dist.is_main
+    if dist is not None:  # every process starts from the main process's weights (what DDP does when it wraps)
+        dist.broadcast_parameters(loaded.model)
     # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
     optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
@@ -162,7 +197,7 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     mu = t.num_iterations or algorithm.num_iterations
     passes = 1 + algorithm.slow_fast.fast_steps  # SFPO: K fast passes and the slow one
     scheduler = build_scheduler(optimizer, t.warmup_steps, mu * steps_per_rollout * passes)
-    tracker, jsonl = build_trackers(cfg, run_dir)
+    tracker, jsonl = build_trackers(cfg, run_dir, main)
     from rlexp.evaluation.consistency import meter_from_config
 
     consistency = meter_from_config(cfg.consistency) if "consistency" in cfg else None
@@ -186,11 +221,12 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
         params=flatten(container),
         tags={**tags, **identity.tags()},
         accuracy_term=t.accuracy_term,
-        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency),
+        evaluator=make_evaluator(cfg, data, prompt_format, rollout, consistency) if main else None,
         callbacks=callbacks,
         consistency=consistency,
         sampler=sampler,
         continue_tracker_runs=identity.continues,
+        dist=dist,
     )
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)

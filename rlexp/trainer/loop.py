@@ -125,6 +125,7 @@ class Trainer:
         consistency=None,
         sampler=None,
         continue_tracker_runs: bool = True,
+        dist=None,
     ):
         from rlexp.trainer.stopping import GracefulStop
 
@@ -137,6 +138,9 @@ class Trainer:
         self.config, self.params, self.tags = config, params, tags
         self.accuracy_term, self.evaluator = accuracy_term, evaluator
         self.callbacks = list(callbacks or [])
+        # distributed=ddp (rlexp.trainer.distributed): this process's place among the launched ones; None: one process
+        self.dist = dist
+        self.is_main = dist is None or dist.is_main  # only the main process logs, checkpoints and evaluates
         # the prompt sampler (conf/sampler), built by the app; the default is the seeded shuffle
         self.sampler = (
             sampler if sampler is not None else PromptSampler(data.train, settings.prompts_per_step, settings.seed)
@@ -275,6 +279,8 @@ class Trainer:
                 settings.async_rollout_threads,
                 self.autocast_dtype,
             )
+        if dist is not None:  # what the data-parallel step cannot keep equal across processes is refused here
+            dist.check_supported(self)
 
     # ---- one step, stage by stage -------------------------------------------------------------
     def prompts_for(self, records: list[dict]) -> tuple[list[dict], list[str]]:
@@ -290,6 +296,11 @@ class Trainer:
     def rollout_and_score(self, records: list[dict]) -> RolloutBatch:
         G = self.num_generations
         records, prompts = self.prompts_for(records)
+        shard = None
+        if self.dist is not None:  # this process's share of the global prompts; group ids numbered globally
+            records, prompts, first, n_global = self.dist.shard(records, prompts)
+            shard = (self._next_group + first, self._next_group + n_global)
+            self._next_group = shard[0]
         with (
             torch.autocast(
                 self.model.device.type,
@@ -305,12 +316,17 @@ class Trainer:
             if getattr(self.rollout, "segment_rows", False):  # SUPO: one row per summarised segment of an episode
                 reuse["segment_rows"] = True
             cond = self.algo.prompt_condition
-            if cond is None:
+            if cond is None and shard is not None:  # distributed: from the process's or the groups' own streams
+                out = self.dist.generate(self, prompts, G, shard[0], reuse)
+            elif cond is None:
                 out = self.rollout.generate(self.model, self.tok, prompts, num_generations=G, **reuse)
             else:  # each group's K prompt variants (HBPO's budgets, e1's efforts), G/K completions each
                 variants, values = self._condition_variants(records, prompts)
                 out = self.rollout.generate(self.model, self.tok, variants, num_generations=G // len(values), **reuse)
-        return self.scored_batch(records, prompts, out)
+        batch = self.scored_batch(records, prompts, out)
+        if shard is not None:
+            self._next_group = shard[1]  # after every process's groups
+        return batch
 
     def _condition_variants(self, records: list[dict], prompts: list[str]) -> tuple[list[str], list[float]]:
         """The K prompt variants of each record (record-major) under the prompt condition, and the K values."""
@@ -367,6 +383,11 @@ class Trainer:
         return batch
 
     def sample(self, n_prompts: int) -> RolloutBatch:
+        if self.dist is not None and self.dist.active:
+            raise RuntimeError(
+                "a group stage drew more prompts (ctx.sample: DAPO's refill, …): not available under distributed=ddp "
+                "with several processes (each would need a different number)"
+            )
         saved = self.sampler.batch_size
         # at most the training split: a refill never holds a prompt twice
         self.sampler.batch_size = min(n_prompts, len(getattr(self.sampler, "records", None) or self.data.train))
@@ -379,6 +400,8 @@ class Trainer:
         timings = {}
         t0 = time.perf_counter()
         self.algo.on_step(step, self.s.max_steps)  # parts scheduled over training (MDPO's step size)
+        if self.dist is not None:
+            self.dist.step = step  # the sampling streams are seeded per step
         schedule = getattr(self.rollout, "token_temperature", None)  # per-token temperatures (EAD's decay grows)
         if schedule is not None:
             schedule.on_step(step, self.s.max_steps)
@@ -539,6 +562,7 @@ class Trainer:
                 slow_fast=self.algo.slow_fast if self.slow_fast.active else None,
                 stale=timings.get("async/version_lag", 0.0) > 0,
                 action_mask=self.action_mask,
+                dist=self.dist if self.dist is not None and self.dist.active else None,
             )
         train.update(self.algo.after_update(step, train))  # the entropy bonus's coefficient controller
         if self.algo.slow_fast.fast_steps > 0:
@@ -563,6 +587,8 @@ class Trainer:
         metrics = {**batch_metrics(fresh, self.accuracy_term, judged), **train, **kl_metrics, **timings}
         if hasattr(self.sampler, "metrics"):  # its choices and the difficulty history (``sampler/…``)
             metrics.update(self.sampler.metrics())
+        if self.dist is not None:  # over every process's rows (the update's metrics are global already)
+            metrics = self.dist.step_metrics(fresh, metrics, set(train), self.accuracy_term, judged)
         if replayed is not None:
             metrics["batch/replayed_completions"] = float(replayed.sum())
         return batch, metrics
@@ -575,7 +601,8 @@ class Trainer:
             return
         from rlexp.samplers.feedback import GroupFeedback
 
-        observe(GroupFeedback.from_batch(batch, self.accuracy_term))
+        feedback = GroupFeedback.from_batch(batch, self.accuracy_term)
+        observe(feedback if self.dist is None else self.dist.gather_feedback(feedback))  # every process's groups
 
     def observe_advantages(self, batch: RolloutBatch, own_rows: torch.Tensor | None) -> None:
         """A sampler that schedules by learnability (DUMP) gets each of the step's own groups' mean |advantage|."""
@@ -586,7 +613,13 @@ class Trainer:
 
         own = batch if own_rows is None else batch.select(own_rows)
         groups = group_rows(own.group_ids)
-        observe([own.records[int(rows[0])] for rows in groups], [mean_abs_advantage(own, rows) for rows in groups])
+        records, values = (
+            [own.records[int(rows[0])] for rows in groups],
+            [mean_abs_advantage(own, rows) for rows in groups],
+        )
+        if self.dist is not None:  # every process's groups
+            records, values = self.dist.gather_lists(records, values)
+        observe(records, values)
 
     def take_rollout(self, step: int, timings: dict) -> RolloutBatch:
         """trainer.async_rollout: the batch of ``step`` generated ahead (during the previous step's update), scored
@@ -668,6 +701,8 @@ class Trainer:
     def _train(self) -> TrainResult:
         self.restore()
         start_step, tracker_ids, resumed = self._restored
+        if not self.is_main:  # distributed: the main process owns the tracker runs, the logs and the run's files
+            return self._loop(start_step, self.jsonl.last_step(), None)
         if self.continue_tracker_runs:
             # an id missing from the checkpoint (tracker unreachable then) may since have been filled in
             # tracker_ids.json by `rlexp replay`
@@ -717,7 +752,7 @@ class Trainer:
 
         s = self.s
         result = TrainResult(start_step)
-        with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress) as bar:
+        with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress and self.is_main) as bar:
             if self.evaluator is not None and s.eval_at_start and start_step == 0 and not self.jsonl.has_step(0):
                 self._evaluate_at_start()
             for step in range(start_step + 1, s.max_steps + 1):
@@ -741,7 +776,10 @@ class Trainer:
                 if signalled:
                     self.stopper.step_ended()
                     stop = True
-                if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop:
+                if self.dist is not None:  # a stop on any process stops every process
+                    stop = self.dist.any_true(stop)
+                due = (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop
+                if due and self.is_main:
                     ckpt.save_checkpoint(
                         self.ckpt_dir,
                         step=step,
@@ -757,7 +795,10 @@ class Trainer:
                         optimizer_state=s.save_optimizer,
                         pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept
                         stages=self.stateful_parts,  # parts with state (RePO's replay buffer, NLPO's mask)
+                        extra=None if self.dist is None else {"world_size": self.dist.world_size},
                     )
+                if due and self.dist is not None:
+                    self.dist.barrier()  # the other processes wait for the main process's checkpoint
                 if signalled and step < s.max_steps:  # stopped on a signal (the last step: simply done)
                     from rlexp.trainer.stopping import RunStopped
 
@@ -766,7 +807,8 @@ class Trainer:
                     result.stopped_early = True
                     break
         # a fallback checkpoint is kept while the run trains (trainer.fallback_checkpoint), not after
-        ckpt.prune(self.ckpt_dir, s.keep_checkpoints)
+        if self.is_main:
+            ckpt.prune(self.ckpt_dir, s.keep_checkpoints)
         return result
 
     def _evaluate_at_start(self) -> None:

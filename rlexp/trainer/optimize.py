@@ -160,6 +160,7 @@ def policy_update(
     slow_fast=None,
     stale: bool = False,
     action_mask=None,
+    dist=None,
 ) -> dict[str, float]:
     """μ epochs over ``batch``, each epoch ``steps_per_rollout`` (k) optimiser steps, one per mini-batch of
     whole groups (``group_mini_batches``: a seeded split, the same in every epoch); returns metrics averaged
@@ -180,11 +181,17 @@ def policy_update(
     even with μ·k = 1 the ratio is against the old log-probs (recomputed, or else the sampler's), never 1.
 
     ``action_mask`` (NLPO's ``TopPActionMask``): every forward's log-probs are renormalised on the masking model's
-    top-p tokens of each position."""
+    top-p tokens of each position.
+
+    ``dist`` (``rlexp.trainer.distributed.Distributed``, several processes): ``batch`` is this process's share of
+    the global batch; the mini-batches are split over the global groups, the loss normalisers count the global
+    tokens and rows, the gradients are summed over the processes before clipping, and the metric sums are reduced
+    over them, so every process takes the single-process step."""
     mask = loss_mask(batch)  # completion mask × per-row loss weights set by group stages (overlong masking)
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.sampling_logprobs
     if steps_per_rollout > 1:
-        parts = [batch.select(rows) for rows in group_mini_batches(batch.group_ids, steps_per_rollout, seed)]
+        split = group_mini_batches if dist is None else dist.mini_batches  # dist: this process's rows of each
+        parts = [batch.select(rows) for rows in split(batch.group_ids, steps_per_rollout, seed)]
     else:
         parts = [batch]
     passes = 1 + (slow_fast.fast_steps if slow_fast is not None else 0)
@@ -203,9 +210,13 @@ def policy_update(
             part_old = old
         else:
             part_old = part.old_logprobs if part.old_logprobs is not None else part.sampling_logprobs
-        plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens)
+        # dist: a mini-batch may hold none of this process's rows (it still joins the step's all-reduce)
+        plan = plan_micro_batches(part, micro_batch, share_prompts, micro_batch_tokens) if len(part) else []
         norm = Normaliser.from_mask(part_mask, algo.count_empty_rows, algo.norm_length, algo.token_count_guard)
         steps.append((part, part_mask, part_old, norm, float(part_mask.sum().clamp(min=1)), plan))
+    if dist is not None:  # global counts: each process's loss is its share of the global mini-batch's loss
+        counts = dist.global_normalisers([norm for _, _, _, norm, _, _ in steps])
+        steps = [(*step[:3], norm, count, step[5]) for step, (norm, count) in zip(steps, counts)]
     want_entropy = True
     sums: dict[str, float] = defaultdict(float)
     if curvature:
@@ -216,8 +227,11 @@ def policy_update(
             batch.extras.pop(k, None)
     plans = [mb for *_, plan in steps for mb in plan]
     positions = sum(mb.positions for mb in plans)
-    sums["train/micro_batches"] = float(len(plans))
-    sums["train/padding_share"] = 1.0 - sum(mb.tokens for mb in plans) / max(positions, 1)
+    n_plans, real_tokens = len(plans), sum(mb.tokens for mb in plans)
+    if dist is not None:  # over all processes
+        n_plans, real_tokens, positions = dist.sum_floats([n_plans, real_tokens, positions])
+    sums["train/micro_batches"] = float(n_plans)
+    sums["train/padding_share"] = 1.0 - real_tokens / max(positions, 1)
     sums["train/optimizer_steps"] = float(n_steps)
     mismatch = None  # the sampler's log-probs against the trainer's, before the first optimiser step
     slow = None
@@ -325,6 +339,8 @@ def policy_update(
                         own = own * policy_tokens[dev_idx, :end].to(own.dtype)
                     add_mismatch(pass_sums, logp.detach(), part.sampling_logprobs[dev_idx, :end], own)
             pass_sums = _to_host(pass_sums)
+            if dist is not None:  # the global optimiser step's sums and extremes
+                pass_sums = dist.reduce_sums(pass_sums)
             for k, fold in (("ratio/max", max), ("ratio/min", min)):
                 v = pass_sums.pop(k, None)
                 if v is not None and abs(v) != float("inf"):
@@ -335,6 +351,8 @@ def policy_update(
                     sums[k] += v / n_steps
             if first_step:
                 mismatch = mismatch_metrics(pass_sums)
+            if dist is not None:  # the global gradient: the sum of the processes' shares
+                dist.all_reduce_grads(model)
             params = [q for q in model.parameters() if q.grad is not None]
             if algo.top_entropy_quantile < 1.0 and algo.top_entropy_normaliser == "selected":
                 # token-mean over the selected tokens only: the loss divided by all tokens, times all / selected

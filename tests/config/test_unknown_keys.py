@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.schema import BRANCH_PARTS, EPISODE_PARTS, ConfigError, validate, validate_eval
+from rlexp.config.schema import BRANCH_PARTS, EPISODE_PARTS, TREE_PARTS, ConfigError, validate, validate_eval
 from tests.conftest import compose_train
 
 
@@ -71,6 +71,10 @@ def companions(group: str, path: Path) -> list[str]:
         return ENVIRONMENT
     if group == "algorithm" and any(part in path.read_text() for part in BRANCH_PARTS):
         return ["rollout=arpo", *ENVIRONMENT]
+    if group == "algorithm":  # the tree methods: their tree rollout (schema.TREE_PARTS)
+        tree = next((r for part, r in TREE_PARTS.items() if part in path.read_text()), None)
+        if tree is not None:
+            return [f"rollout={tree}"]
     # SUPO's summarising rollout: an environment
     if (group, path.stem) == ("rollout", "supo"):
         return ENVIRONMENT
