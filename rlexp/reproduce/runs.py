@@ -46,6 +46,7 @@ DROPPED = (
     "trainer.run_dir",
     "eval.by",  # reporting: the held-out accuracy broken down by distribution, never what is trained
     "trainer.num_threads",  # placement: how many CPU threads, never what is trained
+    "distributed",  # placement: data-parallel processes (distributed=ddp), like the thread count
     "trainer.device",
     "trainer.progress",
     "trainer.resume",

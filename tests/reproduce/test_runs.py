@@ -47,7 +47,13 @@ def test_the_hash_drops_where_a_run_writes_not_what_it_trains(tmp_path):
     base = ["+experiment=reproduce_tiny_demo", "tracker=none"]
     h = config_hash(compose_run(base, tmp_path / "a"))
     assert config_hash(compose_run(base, tmp_path / "b")) == h  # trainer.run_dir
-    for dropped in ("tracker=mlflow", "run_name=x", "trainer.checkpoint_every=3", "trainer.progress=false"):
+    for dropped in (
+        "tracker=mlflow",
+        "run_name=x",
+        "trainer.checkpoint_every=3",
+        "trainer.progress=false",
+        "distributed=ddp",
+    ):
         assert config_hash(compose_run([*base, dropped], tmp_path / "a")) == h, dropped
     for kept in ("trainer.seed=1", "algorithm=dr_grpo", "trainer.max_steps=3", "optimizer.lr=2e-5"):
         assert config_hash(compose_run([*base, kept], tmp_path / "a")) != h, kept
