@@ -34,14 +34,18 @@ def _family(text: str) -> str | None:
 
 
 # multi-turn methods roll out episodes with a sandboxed tool in every one (~15 s each), CoMAS three rounds of replies
-# a step; Cooper and RL Tango build and train a second model: long suite only
+# a step; Cooper and RL Tango build and train a second model; direct_advantage_po samples Monte-Carlo continuations:
+# long suite only
 MULTI_TURN_METHODS = {"arpo", "at_grpo", "comas", "gigpo", "igpo", "spa_rl", "stepsearch", "supo", "tapo_tool"}
-LONG_ONLY = MULTI_TURN_METHODS | {"cooper", "rl_tango"}
+LONG_ONLY = MULTI_TURN_METHODS | {"cooper", "rl_tango", "direct_advantage_po"}
 # the default suite runs GRPO and the first (other) method of each family; every method runs in the long suite (CI
 # runs both): ~95 two-step runs took four of the default suite's ten minutes
 _FAST_METHODS = [m for m in METHODS if m not in LONG_ONLY]
+# a family's core method stands for it where the first name would be a newer variant
+REPRESENTATIVES = {"actor-critic": "ppo"}
 FIRST_OF_FAMILY = {"grpo"} | {
-    min(m for m in _FAST_METHODS if _family(CONFIGS[m]) == f) for f in {_family(CONFIGS[m]) for m in _FAST_METHODS}
+    REPRESENTATIVES.get(f) or min(m for m in _FAST_METHODS if _family(CONFIGS[m]) == f)
+    for f in {_family(CONFIGS[m]) for m in _FAST_METHODS}
 }
 METHOD_PARAMS = [m if m in FIRST_OF_FAMILY else pytest.param(m, marks=pytest.mark.long) for m in METHODS]
 FAST = ["trainer.autocast=off", "trainer.max_new_tokens=6", "trainer.num_generations=2"]  # keep ~20 runs cheap

@@ -12,7 +12,12 @@ from rlexp.core.stats import masked_whiten
 
 @ADVANTAGES.register
 def gae(
-    batch: RolloutBatch, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-8
+    batch: RolloutBatch,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten: bool = True,
+    eps: float = 1e-8,
+    outcome_reward: bool = True,
 ) -> torch.Tensor:
     """Generalized Advantage Estimation ("High-Dimensional Continuous Control Using Generalized
     Advantage Estimation", 2016) as used by PPO for LMs, on the token-level rewards r_t
@@ -23,13 +28,14 @@ def gae(
     ``compute_gae_advantage_return``). Needs
     ``batch.values`` (N, T) from the critic's stage; stores the returns A + V (before whitening) in
     ``batch.extras["returns"]`` for the value loss. ``whiten`` standardises A over all valid tokens
-    (verl). Returns (N, T)."""
+    (verl). ``outcome_reward=False`` leaves the outcome out of r_t (DVPO: the frozen global value model's values
+    carry the reward signal; r_t = −β·KL_t + process rewards). Returns (N, T)."""
     if batch.values is None:
         raise ValueError("advantage gae needs batch.values: configure algorithm.critic")
     mask = batch.completion_mask.float()
     values = batch.values.float() * mask
     N, T = mask.shape
-    rewards = token_level_rewards(batch)
+    rewards = token_level_rewards(batch, outcome_reward)
     adv = torch.zeros_like(values)
     next_value = torch.zeros(N, device=values.device)
     running = torch.zeros(N, device=values.device)

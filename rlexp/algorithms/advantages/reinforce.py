@@ -17,10 +17,11 @@ from rlexp.core.registry import ADVANTAGES
 from rlexp.core.stats import group_stats, masked_whiten
 
 
-def token_level_rewards(batch: RolloutBatch) -> torch.Tensor:
+def token_level_rewards(batch: RolloutBatch, outcome_reward: bool = True) -> torch.Tensor:
     """(N, T) reward at each token (see the module docstring): r_t = 1[t = last]·R_outcome − β·KL_t + u_t on
     valid tokens, 0 on padding, where R_outcome = ``batch.reward`` + Σ_t β·KL_t (the reward before the trainer's
-    whole-completion KL charge) and u = ``batch.extras["token_rewards"]``."""
+    whole-completion KL charge) and u = ``batch.extras["token_rewards"]``. ``outcome_reward=False``: R_outcome is
+    not paid (DVPO: a frozen value model stands in for the reward; only −β·KL_t + u_t remain)."""
     mask = batch.completion_mask.float()
     n, width = mask.shape
     outcome = batch.reward.float().clone()
@@ -40,7 +41,8 @@ def token_level_rewards(batch: RolloutBatch) -> torch.Tensor:
     has_tokens = mask.sum(-1) > 0
     last = (mask.sum(-1) - 1).clamp(min=0).long()
     rows = torch.arange(n, device=mask.device)[has_tokens]
-    rewards[rows, last[has_tokens]] += outcome[has_tokens]
+    if outcome_reward:
+        rewards[rows, last[has_tokens]] += outcome[has_tokens]
     return rewards
 
 
