@@ -84,6 +84,8 @@ SPLIT_AT = {
     # the tiny model never ends a completion, so the papers' unfinished-continuation value 0 would zero every MC value
     "vineppo": ["algorithm.group_stages.0.truncated_reward=null"],
     "spo_chain": ["algorithm.group_stages.0.truncated_reward=null"],
+    # the tiny model never ends a completion: every row is truncated, the finished-only critic never trains
+    "t_ppo": ["algorithm.advantage.reward_truncated=true"],
     # the tree methods' advantages read their tree rollout's node paths
     "treepo": ["rollout=tree"],
     "treerl": ["rollout=eptree"],

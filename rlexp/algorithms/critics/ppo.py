@@ -59,7 +59,8 @@ class ValueModel(nn.Module):
 @CRITICS.register
 class Critic:
     """PPO critic settings and state. ``lr``: the critic's AdamW learning rate (verl's default 1e-5,
-    10× the actor's); ``value_clip``: c of the clipped value loss (verl: 0.5; ``None`` = unclipped)."""
+    10× the actor's); ``value_clip``: c of the clipped value loss (verl: 0.5; ``None`` = unclipped);
+    ``finished_only``: update only on rows that finished (T-PPO; logs ``critic/rows``, skips a step with none)."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class Critic:
         max_grad_norm: float | None = 1.0,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
+        finished_only: bool = False,
     ):
         if lr <= 0:
             raise ValueError(f"algorithm.critic.lr={lr} must be > 0")
@@ -75,6 +77,8 @@ class Critic:
             raise ValueError(f"algorithm.critic.value_clip={value_clip} must be > 0 or null")
         self.lr, self.value_clip, self.max_grad_norm = lr, value_clip, max_grad_norm
         self.weight_decay, self.betas = weight_decay, tuple(betas)
+        # T-PPO: the value model learns only from finished rows (no truncated ones): their returns are complete
+        self.finished_only = bool(finished_only)
         self.model: ValueModel | None = None
         self.optimizer = None
 
@@ -131,10 +135,18 @@ class Critic:
             raise RuntimeError("critic.update before critic.stage: the critic has no values for this batch")
         if "returns" not in batch.extras or batch.values is None:
             raise ValueError("critic.update needs batch.values and batch.extras['returns'] (advantage: gae)")
+        sums: dict[str, float] = defaultdict(float)
+        if self.finished_only:  # T-PPO: train on the finished rows alone (truncated rows are left out of the pass)
+            keep = (~batch.truncated.bool()).nonzero().squeeze(-1).cpu()
+            sums["critic/rows"] = float(keep.numel())
+            if keep.numel() == 0:  # nothing finished this step: no value update
+                sums["critic/lr"] = self.optimizer.param_groups[0]["lr"]
+                return dict(sums)
+            if keep.numel() < len(batch):
+                batch = batch.select(keep)
         mask = loss_mask(batch)
         returns, old_values = batch.extras["returns"].float(), batch.values.float()
         total = float(mask.sum())
-        sums: dict[str, float] = defaultdict(float)
         for _ in range(mu):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens):
