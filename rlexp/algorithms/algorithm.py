@@ -450,6 +450,10 @@ class Algorithm:
             if vocab_mean_logp is None:
                 raise ValueError("algorithm.loss needs the vocabulary mean of the log-probs (vocab_mean_logp)")
             kwargs["mean_logprobs"] = vocab_mean_logp.detach()
+        if getattr(self.loss, "takes_ref_logp", False):  # A*-PO: the sequence log-ratio to the reference in the loss
+            if ref_logp is None:
+                raise ValueError("algorithm.loss needs the reference log-probs (batch.ref_logprobs)")
+            kwargs["ref_logp"] = ref_logp
         if loss_takes_entropy(self.loss):
             if entropy is None:
                 raise ValueError("algorithm.loss needs token entropies")

@@ -9,12 +9,50 @@ Logged: ``spo_sampler/weight_mean`` and ``spo_sampler/drawn_value_mean`` (mean p
 
 from __future__ import annotations
 
+import math
 import random
 
-from rlexp.algorithms.group_stages.prompt_values import BetaTracker, priority_weight
 from rlexp.core.registry import SAMPLERS
 from rlexp.samplers.feedback import GroupFeedback, record_key
 from rlexp.samplers.shuffle import PromptSampler
+
+
+def kl_rho(d: float, d_half: float, rho_min: float, rho_max: float) -> float:
+    """SPO's forgetting factor: 2^(−D/D_half) clipped to [ρ_min, ρ_max]."""
+    return min(rho_max, max(rho_min, 2.0 ** (-d / d_half)))
+
+
+def priority_weight(p: float, eps: float = 0.05) -> float:
+    """SPO's sampling weight of a prompt with success estimate p: sqrt(p(1 − p)) + ε."""
+    return math.sqrt(max(p * (1.0 - p), 0.0)) + eps
+
+
+class BetaTracker:
+    """α, β per prompt key (first sight: α0, β0); ``value`` = α/(α+β); ``update`` discounts by ρ and adds r."""
+
+    def __init__(self, alpha0: float = 0.5, beta0: float = 0.5):
+        if alpha0 <= 0 or beta0 <= 0:
+            raise ValueError(f"tracker alpha0={alpha0}, beta0={beta0} must be > 0")
+        self.alpha0, self.beta0 = float(alpha0), float(beta0)
+        self.alpha: dict[str, float] = {}
+        self.beta: dict[str, float] = {}
+
+    def value(self, key: str) -> float:
+        a, b = self.alpha.get(key, self.alpha0), self.beta.get(key, self.beta0)
+        return a / (a + b)
+
+    def update(self, key: str, r: float, rho: float) -> None:
+        r = min(1.0, max(0.0, float(r)))
+        self.alpha[key] = rho * self.alpha.get(key, self.alpha0) + r
+        self.beta[key] = rho * self.beta.get(key, self.beta0) + (1.0 - r)
+
+    def state_dict(self) -> dict:
+        return {"alpha": dict(self.alpha), "beta": dict(self.beta)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            self.alpha = {k: float(v) for k, v in state.get("alpha", {}).items()}
+            self.beta = {k: float(v) for k, v in state.get("beta", {}).items()}
 
 
 def weighted_draw(weights: list[float], k: int, rng: random.Random) -> list[int]:

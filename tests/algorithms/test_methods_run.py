@@ -42,7 +42,7 @@ LONG_ONLY = MULTI_TURN_METHODS | {"cooper", "rl_tango", "direct_advantage_po"}
 # runs both): ~95 two-step runs took four of the default suite's ten minutes
 _FAST_METHODS = [m for m in METHODS if m not in LONG_ONLY]
 # a family's core method stands for it where the first name would be a newer variant
-REPRESENTATIVES = {"actor-critic": "ppo"}
+REPRESENTATIVES = {"actor-critic": "ppo", "group-baseline": "bnpo"}
 FIRST_OF_FAMILY = {"grpo"} | {
     REPRESENTATIVES.get(f) or min(m for m in _FAST_METHODS if _family(CONFIGS[m]) == f)
     for f in {_family(CONFIGS[m]) for m in _FAST_METHODS}
