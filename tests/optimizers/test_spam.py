@@ -108,6 +108,7 @@ def test_bad_settings_refused():
         SPAM([_param(0.0)], lr=0.0)
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_spam_trains_two_steps_with_a_scaled_down_schedule(tiny_cfg):
     """optimizer=spam in a run: a reset at step 2 (ΔT = 2 with one optimiser step per rollout), its metrics logged."""
     from rlexp.runs.training import run

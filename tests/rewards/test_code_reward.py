@@ -161,6 +161,7 @@ MBPP_ROWS = [
 ]
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_two_training_steps_with_the_code_reward(tmp_path, tiny_cfg):
     """The tiny model writes no code (reward 0), but the path runs end to end and the term's metrics are logged."""
     path = tmp_path / "mbpp_style.jsonl"

@@ -39,6 +39,7 @@ def test_token_unit_and_bad_settings():
         LexicalDiversity(n=0)
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_diversity_reward_trains_two_steps(tiny_cfg):
     from rlexp.runs.training import run
 

@@ -156,6 +156,7 @@ def test_the_scorer_is_loaded_once_from_a_model_entry():
     assert 0.0 < a([_sample("Marie Curie won two Nobel Prizes.")]).scores[0] < 1.0
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_klcf_trains_two_steps_on_the_tiny_model(tiny_cfg):
     cfg = tiny_cfg(
         "algorithm=klcf",

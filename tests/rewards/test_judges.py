@@ -185,6 +185,7 @@ def test_the_stage_with_the_model_judge_counts_failures_and_rule_agreement():
         PairwisePreference(judge="model", judge_model="initial", judge_options={"swapp": False})
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_reward_judge_trains_two_steps_and_counts_every_unparsed_row(tiny_cfg):
     cfg = tiny_cfg("reward=judge", "reward.terms.judge.max_new_tokens=8", "trainer.autocast=off")
     m = run(cfg).metrics
@@ -194,6 +195,7 @@ def test_reward_judge_trains_two_steps_and_counts_every_unparsed_row(tiny_cfg):
     assert m["reward/judge/judged"] + m["reward/judge/cache_hits"] == rows  # every row went to the judge
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_spo_minimax_with_the_model_judge_trains_two_steps(tiny_cfg):
     cfg = tiny_cfg(
         "algorithm=spo_minimax",

@@ -295,6 +295,7 @@ def test_accuracy_prm_trains_two_steps_under_grpo(tiny_cfg, prm_path):
     assert m["reward/prm/steps_mean"] >= 1.0 and "reward/prm/cache_hits" in m
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_accuracy_prm_dense_trains_two_steps_under_reinforce_pp(tiny_cfg, prm_path):
     result = _prm_run(tiny_cfg, prm_path, "algorithm=reinforce_pp", "reward.terms.prm.dense=true")
     m = result.metrics

@@ -155,6 +155,7 @@ def test_accuracy_rm_without_a_model_is_a_config_error_naming_the_term(tiny_cfg)
         build_reward_term(cfg.reward.terms.rm, "reward.terms.rm")
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_accuracy_rm_trains_two_steps_on_the_tiny_model(tiny_cfg, rm_paths):
     cfg = tiny_cfg("reward=accuracy_rm", f"reward.terms.rm.model={rm_paths[0]}", "trainer.autocast=off")
     assert OmegaConf.select(cfg, "reward.terms.rm.weight") == 0.5

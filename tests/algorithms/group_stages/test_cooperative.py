@@ -190,6 +190,7 @@ def test_settings_and_the_method_are_checked():
         stage(None, SimpleNamespace(settings=None))
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_coop_sft_rl_trains_two_steps_and_its_mechanism_acts(tiny_cfg, tmp_path):
     result = run(tiny_cfg(*VARYING, *FAST, "algorithm=coop_sft_rl"))
     assert result.last_step == 2

@@ -151,6 +151,7 @@ def test_the_method_passes_the_kl_weights_and_refuses_per_sequence_means():
 # ---------------------------------------------------------------- two steps on the tiny model
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_group_invariant_trains_two_steps_toward_the_hard_group(tiny_cfg):
     result = run(tiny_cfg(*VARYING, *FAST, "algorithm=group_invariant"))
     m = result.metrics

@@ -210,6 +210,7 @@ def test_luffy_trains_two_steps_with_a_demonstration_in_each_group(tiny_cfg):
     assert m["batch/replayed_completions"] == 2 and math.isfinite(m["loss/total"])
 
 
+@pytest.mark.long  # a two-step run: the long suite (the default suite's 10-minute budget)
 def test_chord_trains_two_steps_with_an_expert_row(tiny_cfg):
     m = run(tiny_cfg(*VARYING, *FAST, "algorithm=chord")).metrics
     assert m["demo/rows"] == 1 and m["demo/replaced"] == 0  # ⌈0.25 × 2 prompts⌉
