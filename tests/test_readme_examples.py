@@ -46,7 +46,8 @@ def blocks(lang: str | None = None) -> list[tuple[str, str, str]]:
 
 def commands(body: str) -> list[list[str]]:
     """The commands of a block: continuation lines joined, comments dropped."""
-    return [shlex.split(line, comments=True) for line in body.replace("\\\n", " ").splitlines() if line.strip()]
+    lines = body.replace("\\\n", " ").splitlines()
+    return [argv for argv in (shlex.split(line, comments=True) for line in lines) if argv]  # comment lines: none
 
 
 def shrink(argv: list[str]) -> list[str]:
