@@ -58,6 +58,7 @@ def test_files_are_written_and_named_by_setting_and_device(tiny_report):
     assert report["command"].startswith("python3 -m rlexp.commands.bench bench_setting=tiny")
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_profile_of_one_extra_step_by_phase(tiny_report):
     """bench.profile=true: one more step of ours under the profiler, outside the measured rows (the
     row tests below still see warm-up + measured steps only), split into the trainer's phases."""
@@ -72,6 +73,7 @@ def test_profile_of_one_extra_step_by_phase(tiny_report):
     assert "| rlexp.generate |" in (out / "tiny-cpu.md").read_text()
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_rows_for_both_trainers_alternate(tiny_report):
     _, r = tiny_report
     total = r["warmup_steps"] + r["measured_steps"]
@@ -83,6 +85,7 @@ def test_rows_for_both_trainers_alternate(tiny_report):
     assert set(r["summary"]) == {"ours", "trl"}
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_times_positive_and_phases_within_the_step(tiny_report):
     _, r = tiny_report
     detail = r["setting_detail"]
@@ -101,6 +104,7 @@ def test_times_positive_and_phases_within_the_step(tiny_report):
         assert x["peak_mem_mb"] > 0 and 0 <= x["mem_delta_mb"] <= x["peak_mem_mb"]
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_summary_is_the_median_step_and_ratio_is_trl_over_ours(tiny_report):
     _, r = tiny_report
     for name in ("ours", "trl"):
@@ -120,6 +124,7 @@ def test_summary_is_the_median_step_and_ratio_is_trl_over_ours(tiny_report):
         assert r["ratio"][k] == (pytest.approx(trl / ours) if ours else None), k
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_csv_and_markdown_carry_the_same_numbers(tiny_report):
     out, r = tiny_report
     rows = list(csv.DictReader((out / "tiny-cpu.csv").open()))
@@ -137,6 +142,7 @@ def test_csv_and_markdown_carry_the_same_numbers(tiny_report):
     assert p["torch"] and p["trl"] and p["transformers"] and p["device_name"]
 
 
+@pytest.mark.long  # reads the tiny bench run (ours and TRL's, ~15 s): the long suite
 def test_both_trainers_saw_the_same_prompts_eos_and_precision(tiny_report):
     _, r = tiny_report
     c = r["checks"]

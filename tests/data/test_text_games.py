@@ -15,6 +15,7 @@ from rlexp.data.text_games import clean_text, game_folder, textworld_games  # no
 from tests.environments.text_game_cache import cache_dir, games  # noqa: E402
 
 
+@pytest.mark.long  # TextWorld generates the games (~6 s): the long suite
 def test_records_are_the_generated_games():
     data = games(level=1)  # 3 games: 2 train, 1 held out (made once per session, ~5 s)
     records = data.train + data.eval
