@@ -178,6 +178,14 @@ class _TreeRollout:
             model, tokenizer, prompts, num_generations=num_generations, greedy=greedy, max_new_tokens=max_new_tokens
         )
 
+    def _start(self, model, tokenizer, prompts: list[str], max_new_tokens: int | None):
+        """A sampled tree rollout's start: the token budget, the device, the sampling model and one empty tree (the
+        bookkeeping of requests and prefill) per prompt."""
+        budget = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+        device = next(model.parameters()).device
+        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        return budget, device, self._sampler(model), [PromptTree(ids) for ids in prompt_ids]
+
     def _sampler(self, model):
         """The model that decodes the tree (the engine's half-precision copy, refreshed once per rollout)."""
         return self.engine.inference_model(model) if hasattr(self.engine, "inference_model") else model
@@ -311,12 +319,9 @@ class SegmentTreeRollout(_TreeRollout):
         """At most G = ``num_generations`` leaves per prompt (exactly G with ``fallback=random``), prompt-major."""
         if greedy:
             return self._plain(model, tokenizer, prompts, num_generations, greedy, max_new_tokens)
-        G, budget = num_generations, min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+        G = num_generations
+        budget, device, model, trees = self._start(model, tokenizer, prompts, max_new_tokens)
         seg = self.segment_tokens(budget)
-        device = next(model.parameters()).device
-        model = self._sampler(model)
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        trees = [PromptTree(ids) for ids in prompt_ids]
         stops: dict[tuple[int, int], str] = {}  # (g, leaf) -> eos | length | depth
         fallbacks = [0] * len(trees)
         pending = [(g, 0) for g in range(len(trees)) for _ in range(self.first_width(G))]
@@ -465,12 +470,9 @@ class EntropyTreeRollout(_TreeRollout):
         """G = ``num_generations`` leaves per prompt (of its M·(1 + L·N·T)), prompt-major."""
         if greedy:
             return self._plain(model, tokenizer, prompts, num_generations, greedy, max_new_tokens)
-        G, budget = num_generations, min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+        G = num_generations
         M = self.num_chains(G)
-        device = next(model.parameters()).device
-        model = self._sampler(model)
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        trees = [PromptTree(ids) for ids in prompt_ids]  # the bookkeeping of requests and prefill
+        budget, device, model, trees = self._start(model, tokenizer, prompts, max_new_tokens)
         chains: list[list[Chain]] = [[] for _ in trees]
         sampled = [0] * len(trees)
         jobs = [(g, [], budget) for g in range(len(trees)) for _ in range(M)]
