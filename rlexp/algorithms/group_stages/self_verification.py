@@ -270,6 +270,13 @@ class _SelfJudging:
                 f"{batch.reward_names}): the judgments are rewarded against the rule verifier's outcome"
             )
 
+    def _begin(self, batch: RolloutBatch, ctx) -> tuple[random.Random, list[list[int]], list[float]]:
+        """Check the batch, reset the step's counters; the step's random stream, the groups' rows and the rule's
+        label per row."""
+        self._check(batch, ctx)
+        self._start(batch, ctx)
+        return self._rng(ctx), _groups(batch), batch.term(self.label_term).detach().float().cpu().tolist()
+
     def _start(self, batch: RolloutBatch, ctx) -> None:
         self._next_gid = int(batch.group_ids.max()) + 1
         self._clipped = 0
@@ -460,11 +467,7 @@ class SelfVerification(_SelfJudging):
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
         if len(batch) == 0:
             return batch
-        self._check(batch, ctx)
-        self._start(batch, ctx)
-        rng = self._rng(ctx)
-        groups = _groups(batch)
-        label = batch.term(self.label_term).detach().float().cpu().tolist()
+        rng, groups, label = self._begin(batch, ctx)
         fmt = getattr(ctx, "answer_format", None) or "auto"
         total = min(len(batch), max(1, share_count(self.verify_share, len(groups))))
         chosen = [rows[k] for rows, ks in zip(groups, spread(total, [len(r) for r in groups], rng)) for k in ks]
@@ -638,11 +641,7 @@ class RecycledJudging(_SelfJudging):
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
         if len(batch) == 0:
             return batch
-        self._check(batch, ctx)
-        self._start(batch, ctx)
-        rng = self._rng(ctx)
-        groups = _groups(batch)
-        label = batch.term(self.label_term).detach().float().cpu().tolist()
+        rng, groups, label = self._begin(batch, ctx)
         correct = [v >= self.correct_min for v in label]
         fmt = getattr(ctx, "answer_format", None) or "auto"
         stated = [extract_answer(c, fmt) for c in batch.completions]
@@ -816,11 +815,7 @@ class SelfReferee(_SelfJudging):
     def __call__(self, batch: RolloutBatch, ctx) -> RolloutBatch:
         if len(batch) == 0:
             return batch
-        self._check(batch, ctx)
-        self._start(batch, ctx)
-        rng = self._rng(ctx)
-        groups = _groups(batch)
-        label = batch.term(self.label_term).detach().float().cpu().tolist()
+        rng, groups, label = self._begin(batch, ctx)
         answered = [g for g, rows in enumerate(groups) if _has_answer(batch.records[rows[0]])]
         hidden = set(rng.sample(answered, min(len(answered), share_count(self.open_share, len(answered)))))
         is_open = [g in hidden or g not in set(answered) for g in range(len(groups))]  # answered: a few groups
