@@ -27,12 +27,12 @@ mean over completions that state an answer.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 
 import torch
 
+from rlexp.models.copies import weights_copy
 from rlexp.rewards.answers import answer_span, first_answer
 from rlexp.rewards.likelihood import answer_confidence
 from rlexp.rewards.option_shuffle import shuffle_recheck
@@ -81,7 +81,7 @@ class ConsistencyMeter:
         if shared and not isinstance(reference.model, AdaptersOff):
             self.reference_model = reference.model
         else:
-            self.reference_model = copy.deepcopy(policy).eval().requires_grad_(False)
+            self.reference_model = weights_copy(policy).eval().requires_grad_(False)
 
     def judge_model(self, policy):
         if self.judge == "policy":

@@ -26,7 +26,6 @@ cached per (question, completion) in an LRU (``cache`` entries). Templates and p
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import re
@@ -35,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from rlexp.core.registry import REWARDS
+from rlexp.models.copies import weights_copy
 from rlexp.rewards.reward_model import LRUCache, pair_key
 from rlexp.rewards.terms import RewardTerm, Sample, TermResult
 
@@ -176,7 +176,7 @@ class JudgeBackend:
         if self.kind == "policy":
             self._model, self._tok, self._autocast = model, tokenizer, autocast_dtype
         elif self.kind == "initial" and self._model is None:
-            self._model = copy.deepcopy(model).eval().requires_grad_(False)
+            self._model = weights_copy(model).eval().requires_grad_(False)
             self._tok, self._autocast = tokenizer, autocast_dtype
 
     def model(self):

@@ -218,9 +218,9 @@ class HFRollout:
         if dtype is None:
             return model
         if self._shadow is None or next(self._shadow.parameters()).dtype != dtype:
-            import copy
+            from rlexp.models.copies import weights_copy
 
-            self._shadow = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+            self._shadow = weights_copy(model).to(dtype).eval().requires_grad_(False)
         with torch.no_grad():
             for dst, src in zip(self._shadow.parameters(), model.parameters()):
                 dst.copy_(src)

@@ -103,20 +103,25 @@ def save_checkpoint(
     rollout=None,
     pending=None,
     stages=(),
+    model_state: dict | None = None,
+    optimizer_state_dict: dict | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
     ``pending``: the trainer's ``AsyncRollout`` (trainer.async_rollout), whose rollout generated ahead for the next
-    step is kept (waited for first)."""
+    step is kept (waited for first). ``model_state`` / ``optimizer_state_dict``: the full states gathered from a
+    sharded model (distributed=fsdp: ``rlexp.trainer.sharding``), written instead of the model's and optimiser's."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp / "model")
+        model.save_pretrained(tmp / "model", **({} if model_state is None else {"state_dict": model_state}))
+        if optimizer_state and optimizer_state_dict is None:
+            optimizer_state_dict = optimizer.state_dict()
         torch.save(
             {
-                "optimizer": optimizer.state_dict() if optimizer_state else None,
+                "optimizer": optimizer_state_dict if optimizer_state else None,
                 "scheduler": scheduler.state_dict() if scheduler else None,
                 "rng": rng_state(),
                 "reference": reference.state_dict() if reference else None,
@@ -296,8 +301,14 @@ def load_checkpoint(
     rollout=None,
     pending=None,
     stages=(),
+    sharded: bool = False,
 ) -> dict:
+    """Load the checkpoint at ``path`` into the parts given. ``sharded``: the model is sharded (distributed=fsdp;
+    every process loads the full weights and optimiser state into its shards). An optimiser state saved by a sharded
+    run (keyed by parameter name) loads into a plain one and the other way round."""
     from safetensors.torch import load_file
+
+    from rlexp.trainer.sharding import keyed_by_name, load_model_state, load_optimizer_state
 
     path = Path(path)
     files = sorted((path / "model").glob("*.safetensors"))
@@ -309,11 +320,13 @@ def load_checkpoint(
 
         load_adapters(model, state, path)
     else:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = load_model_state(model, state) if sharded else model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
     blob = torch.load(path / "state.pt", weights_only=False)
-    if blob["optimizer"] is not None:
+    if blob["optimizer"] is not None and (sharded or keyed_by_name(blob["optimizer"])):
+        load_optimizer_state(model, optimizer, blob["optimizer"])
+    elif blob["optimizer"] is not None:
         optimizer.load_state_dict(blob["optimizer"])
     else:
         log.warning(

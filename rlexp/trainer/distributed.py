@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 SAMPLING_SEEDS = ("process", "group")
-KNOWN_KEYS = ("strategy", "sampling_seed", "timeout_s", "accelerate")
+KNOWN_KEYS = ("strategy", "sampling_seed", "timeout_s", "accelerate", "fsdp")
 # update metrics (``policy_update``'s pass sums) folded by their extreme rather than summed
 MAX_KEYS = frozenset({"ratio/max", "clip/high_seq_max", "mismatch/ratio_max"})
 MIN_KEYS = frozenset({"ratio/min", "clip/low_seq_min", "mismatch/ratio_min"})
@@ -63,10 +63,24 @@ _BUCKET = 1 << 25  # gradient elements per all-reduce
 
 
 def launched_world_size() -> int:
-    """The number of processes the launcher started (1 without a launcher)."""
+    """The number of processes the launcher started (1 without a launcher): torchrun's ``WORLD_SIZE``, or the MPI
+    launcher's size under ``accelerate launch --cpu --num_processes N --mpirun_hostfile F`` (MPICH and Intel MPI:
+    ``PMI_SIZE``; Open MPI; MVAPICH).
+
+    Without ``--mpirun_hostfile`` accelerate's ``--cpu`` mode starts the script once, with ``MASTER_ADDR`` set
+    (only when more than one process was asked for) and no size: refused rather than trained on one process."""
     for name in WORLD_SIZE_VARS:
         if os.environ.get(name):
             return int(os.environ[name])
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and os.environ.get("MASTER_ADDR"):
+        from rlexp.config.schema import ConfigError
+
+        raise ConfigError(
+            "`accelerate launch --cpu --num_processes N` (N > 1) started one process: accelerate starts CPU processes "
+            "through mpirun only with `--mpirun_hostfile <file>` (a line `localhost:N`; mpirun from "
+            "`pip install -e '.[mpi]'` on PATH). Add it (README: Multi-GPU and multi-node training), or launch with "
+            "torchrun; if MASTER_ADDR comes from your environment and one process is meant, unset it"
+        )
     return 1
 
 
@@ -77,7 +91,8 @@ class DistributedSettings:
     strategy: str = "none"
     sampling_seed: str = "process"
     timeout_s: float = 1800.0
-    accelerate: dict | None = None  # FSDP / DeepSpeed plugin settings (conf/distributed/fsdp.yaml, deepspeed_*.yaml)
+    accelerate: dict | None = None  # DeepSpeed plugin settings (conf/distributed/deepspeed_*.yaml)
+    fsdp: dict | None = None  # FSDP2 settings (conf/distributed/fsdp.yaml; rlexp.trainer.sharding.FSDPSettings)
 
     @classmethod
     def from_config(cls, node) -> DistributedSettings:
@@ -100,6 +115,12 @@ class DistributedSettings:
             raise ConfigError(f"distributed.sampling_seed={s.sampling_seed!r} is not one of {list(SAMPLING_SEEDS)}")
         if not s.timeout_s or s.timeout_s <= 0:
             raise ConfigError(f"distributed.timeout_s={s.timeout_s}: must be > 0 (seconds)")
+        if s.fsdp is not None and s.strategy != "fsdp":
+            raise ConfigError(f"distributed.fsdp is set, but distributed.strategy={s.strategy} (not fsdp)")
+        if s.strategy == "fsdp":
+            from rlexp.trainer.sharding import FSDPSettings
+
+            FSDPSettings.from_dict(s.fsdp)  # unknown keys refused here, at config time
         return s
 
 
@@ -118,19 +139,20 @@ def setup(cfg, device: torch.device) -> tuple[Distributed | None, torch.device]:
                 "add distributed=ddp to train data-parallel over them"
             )
         return None, device
-    if s.strategy in ("fsdp", "deepspeed"):
+    if s.strategy == "deepspeed":
         raise ConfigError(
-            f"distributed.strategy={s.strategy}: sharded training is not available yet — rlexp's step generates on "
-            "each process and runs a different number of micro-batches per process, which sharded parameters "
-            "(FSDP, ZeRO-3 gather them in every forward) and DeepSpeed's engine (which owns the accumulation and "
-            "the optimiser step) would need in lockstep. Use distributed=ddp (README: Multi-GPU and multi-node "
-            "training); the accelerate configs in rlexp/conf/accelerate/ are for the launcher"
+            "distributed.strategy=deepspeed: not available yet — DeepSpeed's engine owns gradient accumulation and the "
+            "optimiser step and reduces gradients in every backward, while rlexp's step runs its own micro-batches "
+            "and optimiser steps. For sharded parameters, gradients and optimiser state use distributed=fsdp (PyTorch "
+            "FSDP2, ZeRO-3); replicated: distributed=ddp (README: Multi-GPU and multi-node training)"
         )
-    sharded = [name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"]
-    if sharded:
+    launched = [n for n in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{n}", "").lower() == "true"]
+    if launched and launched[0].lower() != s.strategy:
         raise ConfigError(
-            f"accelerate launched this process for {sharded[0]} (its config file's distributed_type), but "
-            "distributed=ddp trains replicated: launch with rlexp/conf/accelerate/ddp.yaml (or --multi_gpu) or torchrun"
+            f"accelerate launched this process for {launched[0]} (its config file's distributed_type), but "
+            f"distributed={s.strategy}: launch with rlexp/conf/accelerate/ddp.yaml (or --multi_gpu) or torchrun, and "
+            "pick the strategy with distributed=ddp|fsdp (distributed.fsdp holds FSDP's settings; accelerate's "
+            "fsdp_config is not read)"
         )
     t = cfg.trainer
     if world > 1 and t.prompts_per_step < world:
@@ -142,11 +164,14 @@ def setup(cfg, device: torch.device) -> tuple[Distributed | None, torch.device]:
         return Distributed(s, t.seed, 1, 0, 0, device), device
     from accelerate import PartialState
 
+    # under mpirun (accelerate launch --cpu --mpirun_hostfile) PartialState takes the rank, local rank and sizes from
+    # the MPI launcher's variables (PMI_RANK, MPI_LOCALRANKID, ...), sets RANK/WORLD_SIZE from them and uses gloo
     state = PartialState(cpu=device.type == "cpu", timeout=timedelta(seconds=s.timeout_s))
     if state.num_processes != world:
         raise RuntimeError(
-            f"accelerate's PartialState sees {state.num_processes} process(es) but WORLD_SIZE={world}: the process "
-            "group did not initialise (on CPUs launch with torchrun or `accelerate launch --multi_gpu`)"
+            f"accelerate's PartialState sees {state.num_processes} process(es) but the launcher started {world}: the "
+            "process group did not initialise (on CPUs launch with torchrun, `accelerate launch --multi_gpu` or "
+            "`accelerate launch --cpu --mpirun_hostfile <file>`; an MPI launch trains on CPUs only: trainer.device=cpu)"
         )
     if t.num_threads:  # PartialState sets its own CPU thread count when OMP_NUM_THREADS is unset
         torch.set_num_threads(t.num_threads)
@@ -179,6 +204,13 @@ class Distributed:
         self.world_size, self.rank, self.local_rank = world_size, rank, local_rank
         self.active = world_size > 1
         self.is_main = rank == 0
+        # distributed=fsdp over several processes: parameters, gradients and optimiser state sharded
+        # (rlexp.trainer.sharding); with one process the plain step
+        self.sharded = self.active and settings.strategy == "fsdp"
+        if settings.strategy == "fsdp":
+            from rlexp.trainer.sharding import FSDPSettings
+
+            self.fsdp = FSDPSettings.from_dict(settings.fsdp)
         self.device = torch.device(device)
         # NCCL moves CUDA tensors; gloo CPU ones
         self.comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -334,8 +366,50 @@ class Distributed:
             refused.append(f"group stages that keep state across steps ({', '.join(stateful)}; per process)")
         if refused:
             raise ConfigError(
-                f"distributed=ddp with {self.world_size} processes is not available with: {'; '.join(refused)}"
+                f"distributed={self.s.strategy} with {self.world_size} processes is not available with: "
+                f"{'; '.join(refused)}"
             )
+
+    def prepare_sharded(self, cfg, algorithm, reward_terms: dict, model):
+        """distributed=fsdp over several processes: refuse what it cannot carry (naming the settings), keep a full
+        copy of the initial weights for a frozen reference, and shard ``model`` in place (build the optimiser after
+        this). Returns the reference's copy (None when the method needs none)."""
+        if not self.sharded:
+            return None
+        import copy
+
+        from rlexp.config.schema import ConfigError
+        from rlexp.trainer.sharding import shard_model, unsupported
+
+        refused = unsupported(cfg, algorithm, reward_terms)
+        if refused:
+            raise ConfigError(
+                f"distributed=fsdp with {self.world_size} processes is not available with: {'; '.join(refused)}"
+            )
+        r = algorithm.reference
+        initial = None
+        if algorithm.needs_reference and r.model is None and r.kind == "frozen":
+            initial = copy.deepcopy(model).eval().requires_grad_(False)
+        shard_model(model, self.fsdp)
+        return initial
+
+    def gathered(self, model):
+        """``sharding.gathered`` under distributed=fsdp (the full parameters until the block ends); else nothing."""
+        from contextlib import nullcontext
+
+        if not self.sharded:
+            return nullcontext(model)
+        from rlexp.trainer.sharding import gathered
+
+        return gathered(model, self.fsdp.reshard_after_forward)
+
+    def micro_batch_pads(self, counts: list[int]) -> list[int]:
+        """Under distributed=fsdp: for each optimiser step, how many idle micro-batches this process adds to its
+        ``counts[i]`` so that every process runs the most any runs (each forward and backward is a collective)."""
+        if not self.sharded or not counts:
+            return [0] * len(counts)
+        most = self.gather_floats(counts).max(0).values.tolist()
+        return [int(m) - c for m, c in zip(most, counts)]
 
     # ---- prompts and rollouts ---------------------------------------------------------------
     def shard(self, records: list[dict], prompts: list[str]) -> tuple[list[dict], list[str], int, int]:

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ class Trainer:
         sampler=None,
         continue_tracker_runs: bool = True,
         dist=None,
+        initial_copy=None,
     ):
         from rlexp.trainer.stopping import GracefulStop
 
@@ -141,6 +143,8 @@ class Trainer:
         # distributed=ddp (rlexp.trainer.distributed): this process's place among the launched ones; None: one process
         self.dist = dist
         self.is_main = dist is None or dist.is_main  # only the main process logs, checkpoints and evaluates
+        # distributed=fsdp over several processes: the policy's parameters are sharded (rlexp.trainer.sharding)
+        self.sharded = dist is not None and dist.sharded
         # the prompt sampler (conf/sampler), built by the app; the default is the seeded shuffle
         self.sampler = (
             sampler if sampler is not None else PromptSampler(data.train, settings.prompts_per_step, settings.seed)
@@ -157,6 +161,10 @@ class Trainer:
                 cfg = r.model if OmegaConf.is_config(r.model) else OmegaConf.create(dict(r.model))
                 device = next(model.parameters()).device
                 source = load_model(cfg, device).model
+            elif (
+                initial_copy is not None
+            ):  # distributed=fsdp: the initial weights, copied before the policy was sharded
+                source = initial_copy
             self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval, source=source)
         self.action_mask = None  # NLPO: the masking policy (a synced copy) whose top-p tokens are the allowed ones
         if algorithm.action_mask is not None:
@@ -206,6 +214,14 @@ class Trainer:
             if settings.share_prompt_forward is not None
             else device_type != "cuda" and not settings.compile
         )
+        if self.sharded and self.share_prompts:
+            # fsdp: every forward of the update is a collective, so each micro-batch is one forward on every process
+            # (a shared-prompt micro-batch is two, and whether one shares depends on its rows)
+            if settings.share_prompt_forward:
+                log.info(
+                    "distributed=fsdp: trainer.share_prompt_forward=true is not used (one forward per micro-batch)"
+                )
+            self.share_prompts = False
         if settings.cpu_matmul_attention and device_type == "cpu":
             use_cpu_matmul_grad_attention(model)  # generation keeps SDPA (rlexp/models/attention.py)
         # the training forwards (policy update, recomputed old log-probs) go through this; generation,
@@ -406,6 +422,11 @@ class Trainer:
         if schedule is not None:
             schedule.on_step(step, self.s.max_steps)
         self._next_group = 0
+        # distributed=fsdp: the full policy on every process from the rollout to the old log-probs, so each generates
+        # on its own (no collective per decode step); resharded for the update (rlexp.trainer.sharding)
+        phase = ExitStack()
+        if self.sharded:
+            phase.enter_context(self.dist.gathered(self.model))
         if self.ahead is None:
             batch = self.rollout_and_score(self.sampler.next_batch())
             timings["time/generate_s"] = time.perf_counter() - t0 - batch.stats.pop("time/reward_s", 0.0)
@@ -539,6 +560,7 @@ class Trainer:
             )
             batch.extras[IS_WEIGHTS] = weights
             kl_metrics.update(correction_stats)
+        phase.close()  # fsdp: sharded again for the update
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.compute_advantages(batch)
             self.observe_advantages(batch, own_rows)  # DUMP's learnability per distribution
@@ -671,6 +693,7 @@ class Trainer:
                 rollout=self.rollout,
                 pending=self.ahead,
                 stages=self.stateful_parts,
+                sharded=self.sharded,
             )
         if found is not None:
             path, meta = found
@@ -753,13 +776,21 @@ class Trainer:
         s = self.s
         result = TrainResult(start_step)
         with TrainProgress(total=s.max_steps, start=start_step, enabled=s.progress and self.is_main) as bar:
-            if self.evaluator is not None and s.eval_at_start and start_step == 0 and not self.jsonl.has_step(0):
-                self._evaluate_at_start()
+            if self._main_decides(
+                self.evaluator is not None and s.eval_at_start and start_step == 0 and not self.jsonl.has_step(0)
+            ):
+                with self._full_weights():
+                    if self.is_main:
+                        self._evaluate_at_start()
             for step in range(start_step + 1, s.max_steps + 1):
                 _, metrics = self.train_step(step)
                 eval_metrics = {}
-                if self.evaluator is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.max_steps):
-                    eval_metrics = self._with_gain(self.evaluator(self.model, self.tok, step))
+                if self._main_decides(
+                    self.evaluator is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.max_steps)
+                ):
+                    with self._full_weights():  # fsdp: every process gathers, the main process evaluates
+                        if self.is_main:
+                            eval_metrics = self._with_gain(self.evaluator(self.model, self.tok, step))
                     metrics.update(eval_metrics)
                     result.eval_metrics = eval_metrics
                 if step > last_logged:  # a resumed run recomputes the steps after its checkpoint: log each once
@@ -779,6 +810,13 @@ class Trainer:
                 if self.dist is not None:  # a stop on any process stops every process
                     stop = self.dist.any_true(stop)
                 due = (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop
+                full = {}
+                if due and self.sharded:  # fsdp: the full weights and optimiser state, gathered to the main process
+                    from rlexp.trainer.sharding import full_model_state, full_optimizer_state
+
+                    full["model_state"] = full_model_state(self.model)
+                    if s.save_optimizer:
+                        full["optimizer_state_dict"] = full_optimizer_state(self.model, self.optimizer)
                 if due and self.is_main:
                     ckpt.save_checkpoint(
                         self.ckpt_dir,
@@ -796,6 +834,7 @@ class Trainer:
                         pending=self.ahead,  # the rollout generated ahead for the next step, waited for and kept
                         stages=self.stateful_parts,  # parts with state (RePO's replay buffer, NLPO's mask)
                         extra=None if self.dist is None else {"world_size": self.dist.world_size},
+                        **full,
                     )
                 if due and self.dist is not None:
                     self.dist.barrier()  # the other processes wait for the main process's checkpoint
@@ -810,6 +849,14 @@ class Trainer:
         if self.is_main:
             ckpt.prune(self.ckpt_dir, s.keep_checkpoints)
         return result
+
+    def _main_decides(self, flag: bool) -> bool:
+        """``flag`` as the main process has it (fsdp: the others do not evaluate, but must join its gathering)."""
+        return self.dist.broadcast_object(bool(flag)) if self.sharded else bool(flag)
+
+    def _full_weights(self):
+        """The policy's full parameters on every process for the block (fsdp: gathered, a collective); else nothing."""
+        return self.dist.gathered(self.model) if self.sharded else ExitStack()
 
     def _evaluate_at_start(self) -> None:
         """The untrained policy's held-out metrics, logged at step 0 (once: a run killed after it resumes

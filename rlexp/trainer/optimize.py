@@ -240,6 +240,10 @@ def policy_update(
 
         slow = snapshot(model)
     epochs = [p for p in range(passes) for _ in range(mu)]  # the pass of each epoch
+    # distributed=fsdp: each micro-batch's forward and backward is a collective, so every process runs the most
+    # micro-batches any process has in each optimiser step (the others as idle passes: rlexp.trainer.sharding)
+    sharded = dist is not None and getattr(dist, "sharded", False)
+    pads = dist.micro_batch_pads([len(plan) for *_, plan in steps]) if sharded else [0] * len(steps)
     for e, pass_index in enumerate(epochs):
         if slow is not None and pass_index == passes - 1 and (e == 0 or epochs[e - 1] != pass_index):
             from rlexp.trainer.slow_fast import reposition
@@ -247,7 +251,7 @@ def policy_update(
             sums["sfpo/fast_displacement"] = reposition(model, slow, slow_fast.step_size)
             sums["sfpo/active"] = 1.0
             slow = None
-        for part, part_mask, part_old, norm, token_count, plan in steps:
+        for (part, part_mask, part_old, norm, token_count, plan), pad in zip(steps, pads):
             optimizer.zero_grad(set_to_none=True)
             pass_sums: dict[str, torch.Tensor] = {}
             first_step = mismatch is None
@@ -338,6 +342,11 @@ def policy_update(
                     if policy_tokens is not None:
                         own = own * policy_tokens[dev_idx, :end].to(own.dtype)
                     add_mismatch(pass_sums, logp.detach(), part.sampling_logprobs[dev_idx, :end], own)
+            if pad:
+                from rlexp.trainer.sharding import idle_pass
+
+                for _ in range(pad):
+                    idle_pass(model)
             pass_sums = _to_host(pass_sums)
             if dist is not None:  # the global optimiser step's sums and extremes
                 pass_sums = dist.reduce_sums(pass_sums)
@@ -351,8 +360,8 @@ def policy_update(
                     sums[k] += v / n_steps
             if first_step:
                 mismatch = mismatch_metrics(pass_sums)
-            if dist is not None:  # the global gradient: the sum of the processes' shares
-                dist.all_reduce_grads(model)
+            if dist is not None and not sharded:  # the global gradient: the sum of the processes' shares
+                dist.all_reduce_grads(model)  # (sharded: reduce-scattered as sums in each backward already)
             params = [q for q in model.parameters() if q.grad is not None]
             if algo.top_entropy_quantile < 1.0 and algo.top_entropy_normaliser == "selected":
                 # token-mean over the selected tokens only: the loss divided by all tokens, times all / selected
@@ -360,7 +369,8 @@ def policy_update(
                 for q in params:
                     q.grad.mul_(scale)
                 pass_sums["loss/total"] *= scale
-            gn = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+            gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+            gn = gn.full_tensor().item() if sharded else float(gn)  # sharded: a DTensor over the shards' norms
             if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
                 optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")

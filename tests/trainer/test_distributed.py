@@ -42,14 +42,14 @@ VENV_BIN = Path(sys.executable).parent
 def test_config_group_entries_parse(entry):
     s = DistributedSettings.from_config(OmegaConf.load(Path(CONF_DIR) / "distributed" / f"{entry}.yaml"))
     assert s.strategy == {"none": "none", "ddp": "ddp", "fsdp": "fsdp"}.get(entry, "deepspeed")
-    if s.strategy in ("fsdp", "deepspeed"):  # the plugin settings are accelerate's own (built without deepspeed)
-        from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    if s.strategy == "deepspeed":  # the plugin settings are accelerate's own (built without deepspeed)
+        from accelerate.utils import DeepSpeedPlugin
 
-        plugin = (FullyShardedDataParallelPlugin if s.strategy == "fsdp" else DeepSpeedPlugin)(**s.accelerate)
-        if s.strategy == "deepspeed":
-            assert plugin.zero_stage == int(entry[-1])
-        else:
-            assert plugin.fsdp_version == 2
+        assert DeepSpeedPlugin(**s.accelerate).zero_stage == int(entry[-1])
+    if s.strategy == "fsdp":  # FSDP2's settings, read by rlexp.trainer.sharding
+        from rlexp.trainer.sharding import FSDPSettings
+
+        assert FSDPSettings.from_dict(s.fsdp).reshard_after_forward is True
 
 
 def test_accelerate_config_files_load():
@@ -98,9 +98,11 @@ def _cfg(strategy="ddp", prompts=4, **extra):
     "cfg, env, match",
     [
         (_cfg("none"), {"WORLD_SIZE": "2"}, "add distributed=ddp"),
-        (_cfg("fsdp"), {"WORLD_SIZE": "2"}, "distributed.strategy=fsdp: sharded training is not available yet"),
-        (_cfg("deepspeed"), {}, "distributed.strategy=deepspeed"),
+        (_cfg("fsdp", fsdp={"reshard": True}), {}, "distributed.fsdp.reshard is not a setting"),
+        (_cfg("ddp", fsdp={}), {}, "distributed.fsdp is set, but distributed.strategy=ddp"),
+        (_cfg("deepspeed"), {}, "distributed.strategy=deepspeed: not available yet"),
         (_cfg("ddp"), {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}, "launched this process for FSDP"),
+        (_cfg("fsdp"), {"WORLD_SIZE": "2", "ACCELERATE_USE_DEEPSPEED": "true"}, "launched this process for DEEPSPEED"),
         (_cfg("ddp", prompts=1), {"WORLD_SIZE": "2"}, "trainer.prompts_per_step=1 is less than the 2 processes"),
     ],
 )

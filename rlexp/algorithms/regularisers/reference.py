@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from rlexp.core.registry import REGULARISERS
+from rlexp.models.copies import weights_copy
 from rlexp.models.peft import AdaptersOff, is_peft
 
 KINDS = ("none", "frozen", "ema")
@@ -56,7 +55,7 @@ class ReferenceModel:
         elif kind == "frozen" and is_peft(policy):  # LoRA: the base with the adapters off, not a copy
             self.model = AdaptersOff(policy)
         elif kind != "none":
-            self.model = copy.deepcopy(policy).eval()
+            self.model = weights_copy(policy).eval()  # distributed=fsdp: an unsharded copy of the sharded policy
             self.model.requires_grad_(False)
 
     @torch.no_grad()

@@ -1,0 +1,188 @@
+"""Fully sharded data parallel (``distributed=fsdp``): PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) over
+the processes ``accelerate launch`` / ``torchrun`` started; everything else of the step is the data-parallel one of
+``rlexp.trainer.distributed`` (prompt shards of whole groups, global loss normalisers, reduced metrics, main-process
+logging).
+
+Where the parameters live in a step:
+
+* **Rollout and scoring** (generation, reward terms, group stages, the recomputed old log-probs): the policy is
+  gathered once at the step's start (``gathered``: every FSDP unit all-gathers its parameters and keeps them until
+  the update), so each process generates on its own, with its own number of decode steps and forwards, and no
+  collective runs inside generation. The peak memory of this phase is that of the full parameters (as in verl's
+  FSDP workers with their Hugging Face rollout); optimiser state and gradients stay sharded throughout.
+* **Update**: sharded (ZeRO-3 with ``reshard_after_forward: true``, ZeRO-2-like with false). Every forward and
+  backward of a micro-batch is a collective, so the processes run the same number of micro-batches per optimiser step:
+  a process with fewer runs ``idle_pass`` (one token, zero loss) for the missing ones. Gradients are reduce-scattered
+  as sums (``set_gradient_divide_factor(1)``: each process's loss is already its share of the global loss), then
+  clipped over the shards (``clip_grad_norm_`` on DTensors) and stepped on each shard.
+* **Evaluation and checkpoints**: evaluation runs on the main process inside ``gathered``; a checkpoint holds the
+  full weights and the full optimiser state gathered to the main process (``torch.distributed.checkpoint``'s
+  ``get_model_state_dict`` / ``get_optimizer_state_dict``), in the single-process files, so it resumes with any process
+  count and strategy (``load_model_state`` / ``load_optimizer_state``).
+
+The frozen reference model (KL) is not sharded: each process keeps a full copy (no gradient, no optimiser state).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+RESHARD_KEYS = ("reshard_after_forward",)
+
+
+@dataclass(frozen=True)
+class FSDPSettings:
+    """``distributed.fsdp`` (conf/distributed/fsdp.yaml)."""
+
+    reshard_after_forward: bool = True
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> FSDPSettings:
+        from rlexp.config.schema import ConfigError
+
+        data = dict(data or {})
+        unknown = sorted(set(data) - set(RESHARD_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"distributed.fsdp.{unknown[0]} is not a setting of FSDP here (known: {', '.join(RESHARD_KEYS)})"
+            )
+        return cls(**data)
+
+
+def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks, each one FSDP unit: the classes transformers names in ``_no_split_modules`` (the
+    decoder layers; accelerate's TRANSFORMER_BASED_WRAP picks the same)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(
+            f"distributed=fsdp: {type(model).__name__} names no blocks to shard (transformers' _no_split_modules)"
+        )
+    return blocks
+
+
+def shard_model(model: torch.nn.Module, settings: FSDPSettings) -> list:
+    """Shard ``model`` in place over the default process group: one FSDP unit per block and the root (embeddings,
+    tied head, final norm). Its parameters become DTensors; build the optimiser after this. Returns the units."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for block in sharded_blocks(model):
+        fully_shard(block, reshard_after_forward=settings.reshard_after_forward)
+    fully_shard(model, reshard_after_forward=settings.reshard_after_forward)
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        # sums, not means: each process's loss is its share of the global loss (rlexp.algorithms.aggregation);
+        # forced SUM reductions, since gloo has no pre-multiplied sum
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+    return units
+
+
+def fsdp_units(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def gathered(model: torch.nn.Module, reshard_after_forward: bool = True):
+    """The full parameters on every process until the block ends (a collective at entry: every process enters);
+    forwards inside need no collective, so the processes may run different numbers of them. At the end the units are
+    resharded and get ``reshard_after_forward`` (the run's setting) back."""
+    units = fsdp_units(model)
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            # the root keeps its parameters after forward (FSDP2's own choice for the root: backward needs them next)
+            unit.set_reshard_after_forward(reshard_after_forward and unit is not model, recurse=False)
+
+
+def idle_pass(model: torch.nn.Module) -> None:
+    """A micro-batch that changes nothing (one token, zero loss) but joins the collectives of a real one's forward and
+    backward: for a process with fewer micro-batches than another in the same optimiser step."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False).logits
+    (logits.float().sum() * 0.0).backward()
+
+
+# ---- checkpoints: full states on the main process ------------------------------------------------------------------
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: torch.nn.Module) -> dict:
+    """The full weights on the main process (an empty dict elsewhere), on the CPU. A collective."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(cpu_offload=True))
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The full optimiser state keyed by parameter name, on the main process (empty elsewhere). A collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+
+
+def load_model_state(model: torch.nn.Module, state: dict) -> tuple[list[str], list[str]]:
+    """Load full weights (every process holds them) into the sharded model; (missing, unexpected) keys."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    result = set_model_state_dict(model, dict(state), options=_options(strict=False))
+    return list(result.missing_keys), list(result.unexpected_keys)
+
+
+def keyed_by_name(state: dict) -> bool:
+    """Whether an optimiser state dict names its parameters (``get_optimizer_state_dict``) rather than numbering them
+    (``Optimizer.state_dict``)."""
+    return any(isinstance(p, str) for g in state.get("param_groups", []) for p in g["params"])
+
+
+def named_optimizer_state(model: torch.nn.Module, state: dict) -> dict:
+    """A numbered optimiser state (a single-process checkpoint) keyed by parameter name: the optimiser was built over
+    the model's trainable parameters in ``named_parameters`` order (rlexp.runs.training)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """Load a full optimiser state (named or numbered) into the optimiser of ``model`` (sharded or not)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if not keyed_by_name(state):
+        state = named_optimizer_state(model, state)
+    set_optimizer_state_dict(model, optimizer, state, options=_options())
+
+
+def unsupported(cfg, algorithm, reward_terms: dict) -> list[str]:
+    """The settings of a run that ``distributed=fsdp`` cannot carry yet, each with why (empty: it can). Checked
+    before the model is sharded, since several of them copy the policy's weights at the start."""
+    out = []
+    if cfg.model.get("peft"):
+        out.append("model.peft (LoRA adapters over a sharded base: not built yet; distributed=ddp trains them)")
+    if cfg.trainer.get("compile"):
+        out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
+    r = algorithm.reference
+    if algorithm.needs_reference and r.model is None and r.kind not in ("frozen", "none"):
+        out.append(f"algorithm.reference.kind={r.kind} (its updates read the policy's full weights every step)")
+    if algorithm.reincarnate_at is not None:
+        out.append("algorithm.reincarnate_at (the reference copies the sharded policy)")
+    if algorithm.action_mask is not None:
+        out.append("algorithm.action_mask (NLPO's masking copy of the policy)")
+    if algorithm.extragradient or algorithm.slow_fast.fast_steps > 0:
+        out.append("algorithm.extragradient / slow_fast (weight snapshots of the sharded policy)")
+    judges = [name for name, term in reward_terms.items() if hasattr(term, "bind_policy")]
+    if judges:
+        out.append(f"reward terms that judge with the policy or its copy ({', '.join(judges)})")
+    return out
