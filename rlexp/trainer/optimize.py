@@ -244,6 +244,8 @@ def policy_update(
     # micro-batches any process has in each optimiser step (the others as idle passes: rlexp.trainer.sharding)
     sharded = dist is not None and getattr(dist, "sharded", False)
     pads = dist.micro_batch_pads([len(plan) for *_, plan in steps]) if sharded else [0] * len(steps)
+    if sharded:  # over all processes and epochs
+        sums["train/idle_micro_batches"] = dist.sum_floats([sum(pads) * len(epochs)])[0]
     for e, pass_index in enumerate(epochs):
         if slow is not None and pass_index == passes - 1 and (e == 0 or epochs[e - 1] != pass_index):
             from rlexp.trainer.slow_fast import reposition

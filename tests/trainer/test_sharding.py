@@ -1,0 +1,211 @@
+"""Sharded training (``distributed=fsdp``, rlexp/trainer/sharding.py; PyTorch FSDP2).
+
+Default suite: the settings are checked naming the key; the FSDP units are the decoder layers; optimiser states move
+between the numbered (single-process) and named (sharded) forms; what FSDP cannot carry is named; and on a world of one
+process (a real gloo group) the sharded tiny model's gathered forward, idle pass, weights copy and full-state round trip.
+
+Long: ``torchrun`` with 2 CPU processes (gloo) on ``model=tiny`` against one process on the same data and seed — the
+logged loss, reward and gradient norm equal the single-process run's within 1e-5 relative, one MLflow run is created,
+and the FSDP checkpoint resumes under FSDP and on one process to the uninterrupted run's next step; the same with a KL
+reference (a full copy of the sharded policy on each process).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlexp.config.schema import ConfigError
+from rlexp.models.copies import is_sharded, weights_copy
+from rlexp.trainer.sharding import (
+    FSDPSettings,
+    full_model_state,
+    gathered,
+    idle_pass,
+    keyed_by_name,
+    load_model_state,
+    load_optimizer_state,
+    named_optimizer_state,
+    shard_model,
+    sharded_blocks,
+    unsupported,
+)
+from tests.trainer.test_distributed import VENV_BIN, _assert_equal_steps, _launch, _mlflow_runs
+
+
+def _tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def test_settings_name_an_unknown_key():
+    assert FSDPSettings.from_dict(None).reshard_after_forward is True
+    assert FSDPSettings.from_dict({"reshard_after_forward": False}).reshard_after_forward is False
+    with pytest.raises(ConfigError, match="distributed.fsdp.offload is not a setting"):
+        FSDPSettings.from_dict({"offload": True})
+
+
+def test_units_are_the_decoder_layers():
+    model = _tiny()
+    assert [type(b).__name__ for b in sharded_blocks(model)] == ["LlamaDecoderLayer", "LlamaDecoderLayer"]
+    with pytest.raises(ValueError, match="names no blocks to shard"):
+        sharded_blocks(torch.nn.Linear(2, 2))
+
+
+def test_optimiser_states_move_between_numbered_and_named():
+    """A single-process checkpoint numbers the trainable parameters in order; the sharded form names them."""
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 1))
+    m[0].weight.requires_grad_(False)  # frozen: not in the optimiser, so index 0 is 1.weight
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.1)
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    numbered = opt.state_dict()
+    named = named_optimizer_state(m, numbered)
+    assert not keyed_by_name(numbered) and keyed_by_name(named)
+    assert named["param_groups"][0]["params"] == ["1.weight", "1.bias"]
+    assert torch.equal(named["state"]["1.bias"]["exp_avg"], numbered["state"][1]["exp_avg"])
+    # the bias's gradient is 1, so AdamW's first moment after one step is (1 - 0.9) * 1
+    assert named["state"]["1.bias"]["exp_avg"].item() == pytest.approx(0.1)
+    m2 = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 1))
+    m2[0].weight.requires_grad_(False)
+    opt2 = torch.optim.AdamW([p for p in m2.parameters() if p.requires_grad], lr=0.5)
+    load_optimizer_state(m2, opt2, named)  # a named state into a plain optimiser (an FSDP checkpoint on one process)
+    assert opt2.param_groups[0]["lr"] == 0.1
+    assert torch.equal(opt2.state_dict()["state"][1]["exp_avg"], numbered["state"][1]["exp_avg"])
+
+
+def _algorithm(**kw):
+    base = dict(
+        reference=SimpleNamespace(model=None, kind="frozen"),
+        needs_reference=False,
+        reincarnate_at=None,
+        action_mask=None,
+        extragradient=False,
+        slow_fast=SimpleNamespace(fast_steps=0),
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_what_fsdp_cannot_carry_is_named():
+    cfg = OmegaConf.create({"model": {"peft": None}, "trainer": {"compile": False}})
+    assert unsupported(cfg, _algorithm(needs_reference=True), {}) == []  # a frozen reference is copied
+    cfg = OmegaConf.create({"model": {"peft": {"r": 8}}, "trainer": {"compile": True}})
+    ema = _algorithm(needs_reference=True, reference=SimpleNamespace(model=None, kind="ema"), reincarnate_at=3)
+    reasons = unsupported(cfg, ema, {})
+    assert [r.split(" ")[0] for r in reasons] == [
+        "model.peft",
+        "trainer.compile=true",
+        "algorithm.reference.kind=ema",
+        "algorithm.reincarnate_at",
+    ]
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A real gloo process group of one process (FSDP2 over a mesh of one), destroyed afterwards."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_model_gathers_idles_copies_and_round_trips(world_of_one):
+    from torch.distributed.tensor import DTensor
+
+    plain = _tiny()
+    model = _tiny()
+    units = shard_model(model, FSDPSettings())
+    assert len(units) == 3 and is_sharded(model) and not is_sharded(plain)  # two layers and the root
+    assert isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    want = plain(input_ids=ids).logits
+    with torch.no_grad(), gathered(model):  # full parameters, plain tensors, until the block ends
+        assert not isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)
+        for _ in range(3):
+            got = model(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-6)
+    assert isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)  # resharded
+
+    copy = weights_copy(model)  # FSDP refuses deepcopy: rebuilt from the config and the gathered weights
+    assert not is_sharded(copy) and torch.allclose(copy(input_ids=ids).logits, want, atol=1e-6)
+
+    idle_pass(model)  # a forward and backward that changes nothing
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(float(g.full_tensor().abs().max()) == 0.0 for g in grads)
+
+    state = full_model_state(model)
+    assert torch.equal(state["model.norm.weight"], plain.model.norm.weight.detach())
+    with torch.no_grad():
+        plain.model.norm.weight.add_(1.0)
+    missing, unexpected = load_model_state(model, plain.state_dict())
+    assert not unexpected and not [m for m in missing if "lm_head" not in m]
+    assert torch.equal(full_model_state(model)["model.norm.weight"], plain.model.norm.weight.detach())
+
+
+# ---- two processes ----------------------------------------------------------------------------------------------
+SINGLE = [sys.executable, "-m", "rlexp.cli"]
+FSDP = ["distributed=fsdp", "trainer.share_prompt_forward=false"]
+
+
+def _torchrun() -> list[str]:
+    return [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "rlexp.cli"]
+
+
+@pytest.mark.long
+def test_fsdp_logs_the_single_process_run_and_resumes_anywhere(tmp_path):
+    """torchrun with 2 CPU processes under distributed=fsdp gives one process's steps (shared-prompt forwards off in
+    both: FSDP runs one forward per micro-batch), in one MLflow run; its full-state checkpoint resumes under FSDP and
+    on a single process to the uninterrupted run's step 3."""
+    plain = ["trainer.share_prompt_forward=false"]
+    single = _launch(SINGLE, ["trainer.max_steps=3", *plain], tmp_path / "one", tmp_path / "one.db")
+    assert single[0]["reward/std"] > 0 and single[0]["grad_norm"] > 0  # a real update
+
+    run_dir, db = tmp_path / "fsdp", tmp_path / "fsdp.db"
+    two = _launch(_torchrun(), ["trainer.max_steps=2", *FSDP], run_dir, db)
+    _assert_equal_steps(single, two)
+    assert all("train/idle_micro_batches" in r for r in two)
+    client, runs = _mlflow_runs(db)
+    assert len(runs) == 1, "only the main process creates a tracker run"
+    ckpt = run_dir / "checkpoints" / "last"
+    assert sorted(p.name for p in (ckpt / "model").glob("*.safetensors")) == ["model.safetensors"]  # full weights
+
+    copy_dir = tmp_path / "fsdp-on-one"
+    shutil.copytree(run_dir, copy_dir, ignore=shutil.ignore_patterns(".run.lock"))
+    resumed = _launch(_torchrun(), ["trainer.max_steps=3", *FSDP], run_dir, db)
+    _assert_equal_steps(single, resumed)
+    client, runs = _mlflow_runs(db)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", "the resume continues the same tracker run"
+
+    one = _launch(SINGLE, ["trainer.max_steps=3", *plain], copy_dir, tmp_path / "copy.db")  # FSDP state, 1 process
+    _assert_equal_steps(single, one)
+
+
+@pytest.mark.long
+def test_fsdp_with_a_kl_reference(tmp_path):
+    """A frozen KL reference under FSDP is a full copy of the sharded policy on each process (weights_copy)."""
+    kl = ["trainer.max_steps=2", "trainer.checkpoint_every=0", "algorithm.kl.coef=0.05"]
+    single = _launch(SINGLE, [*kl, "trainer.share_prompt_forward=false"], tmp_path / "one", tmp_path / "one.db")
+    two = _launch(_torchrun(), [*kl, *FSDP], tmp_path / "two", tmp_path / "two.db")
+    _assert_equal_steps(single, two)
+    assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
+    assert two[1]["kl/mean"] > 0  # the policy moved away from its reference
