@@ -2,7 +2,8 @@
 
 Default suite: the settings are checked naming the key; the FSDP units are the decoder layers; optimiser states move
 between the numbered (single-process) and named (sharded) forms; what FSDP cannot carry is named; and on a world of one
-process (a real gloo group) the sharded tiny model's gathered forward, idle pass, weights copy and full-state round trip.
+process (a real gloo group) the sharded tiny model's gathered forward, idle pass, weights copy and full-state
+round trip.
 
 Long: ``torchrun`` with 2 CPU processes (gloo) on ``model=tiny`` against one process on the same data and seed — the
 logged loss, reward and gradient norm equal the single-process run's within 1e-5 relative, one MLflow run is created,
