@@ -5,6 +5,9 @@ inside ``zero.GatheredParameters`` (what a rollout on each process needs) and th
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 .venv-deepspeed/bin/torchrun --standalone --nproc_per_node 2 \\
         benchmarks/deepspeed_cpu/probe.py 3
 
+DeepSpeed's CPU backend JIT-compiles its shared-memory collectives op (ninja, c++) at ``init_distributed`` unless it
+is marked incompatible first (done below): then nothing is compiled and gloo does the collectives.
+
 Result on the 2-core CPU machine (deepspeed 0.19.8, torch 2.13): accelerator cpu, backend gloo; ZeRO-2 and ZeRO-3
 both step (global grad norm 0.5847 on both processes); gathered forwards of uneven counts run; the consolidated state
 dict has 21 tensors on the main process (None elsewhere)."""
@@ -12,12 +15,14 @@ dict has 21 tensors on the main process (None elsewhere)."""
 import sys
 
 import deepspeed
+import deepspeed.ops
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
 stage = int(sys.argv[1])
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no JIT build of the shm op: gloo only
 deepspeed.init_distributed(dist_backend="gloo")
 rank = dist.get_rank()
 print(rank, "accelerator", get_accelerator()._name, get_accelerator().communication_backend_name(), flush=True)

@@ -188,11 +188,9 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     rollout = build(cfg.rollout, "rollout")
     loaded = load_model(cfg.model, device)
     main = dist is None or dist.is_main
-    initial_copy = None
     if dist is not None:  # every process starts from the main process's weights (what DDP does when it wraps)
         dist.broadcast_parameters(loaded.model)
-        # distributed=fsdp: sharded in place (a full copy kept for a frozen reference), before the optimiser
-        initial_copy = dist.prepare_sharded(cfg, algorithm, reward_terms, loaded.model)
+        dist.prepare_sharded(cfg, algorithm, reward_terms, loaded.model)  # distributed=fsdp: before the optimiser
     # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
     optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
@@ -230,7 +228,6 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
         sampler=sampler,
         continue_tracker_runs=identity.continues,
         dist=dist,
-        initial_copy=initial_copy,
     )
     for cb in callbacks:
         if hasattr(cb, "bind"):  # callbacks that need the trainer (tracker tags, run dir)

@@ -370,14 +370,11 @@ class Distributed:
                 f"{'; '.join(refused)}"
             )
 
-    def prepare_sharded(self, cfg, algorithm, reward_terms: dict, model):
-        """distributed=fsdp over several processes: refuse what it cannot carry (naming the settings), keep a full
-        copy of the initial weights for a frozen reference, and shard ``model`` in place (build the optimiser after
-        this). Returns the reference's copy (None when the method needs none)."""
+    def prepare_sharded(self, cfg, algorithm, reward_terms: dict, model) -> None:
+        """distributed=fsdp over several processes: refuse what it cannot carry (naming the settings), then shard
+        ``model`` in place (build the optimiser after this)."""
         if not self.sharded:
-            return None
-        import copy
-
+            return
         from rlexp.config.schema import ConfigError
         from rlexp.trainer.sharding import shard_model, unsupported
 
@@ -386,12 +383,7 @@ class Distributed:
             raise ConfigError(
                 f"distributed=fsdp with {self.world_size} processes is not available with: {'; '.join(refused)}"
             )
-        r = algorithm.reference
-        initial = None
-        if algorithm.needs_reference and r.model is None and r.kind == "frozen":
-            initial = copy.deepcopy(model).eval().requires_grad_(False)
         shard_model(model, self.fsdp)
-        return initial
 
     def gathered(self, model):
         """``sharding.gathered`` under distributed=fsdp (the full parameters until the block ends); else nothing."""

@@ -127,7 +127,6 @@ class Trainer:
         sampler=None,
         continue_tracker_runs: bool = True,
         dist=None,
-        initial_copy=None,
     ):
         from rlexp.trainer.stopping import GracefulStop
 
@@ -161,10 +160,6 @@ class Trainer:
                 cfg = r.model if OmegaConf.is_config(r.model) else OmegaConf.create(dict(r.model))
                 device = next(model.parameters()).device
                 source = load_model(cfg, device).model
-            elif (
-                initial_copy is not None
-            ):  # distributed=fsdp: the initial weights, copied before the policy was sharded
-                source = initial_copy
             self.reference = ReferenceModel(model, r.kind, r.ema_decay, r.ema_interval, source=source)
         self.action_mask = None  # NLPO: the masking policy (a synced copy) whose top-p tokens are the allowed ones
         if algorithm.action_mask is not None:

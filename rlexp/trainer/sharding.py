@@ -20,7 +20,8 @@ Where the parameters live in a step:
   ``get_model_state_dict`` / ``get_optimizer_state_dict``), in the single-process files, so it resumes with any process
   count and strategy (``load_model_state`` / ``load_optimizer_state``).
 
-The frozen reference model (KL) is not sharded: each process keeps a full copy (no gradient, no optimiser state).
+Copies of the policy (a frozen KL reference, a judge's initial policy, the rollout's bf16 generation copy) are not
+sharded: each process keeps a full one (no gradient, no optimiser state; ``rlexp.models.copies.weights_copy``).
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
 
 def unsupported(cfg, algorithm, reward_terms: dict) -> list[str]:
     """The settings of a run that ``distributed=fsdp`` cannot carry yet, each with why (empty: it can). Checked
-    before the model is sharded, since several of them copy the policy's weights at the start."""
+    before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the bf16
+    generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""
     out = []
     if cfg.model.get("peft"):
         out.append("model.peft (LoRA adapters over a sharded base: not built yet; distributed=ddp trains them)")
@@ -182,7 +184,4 @@ def unsupported(cfg, algorithm, reward_terms: dict) -> list[str]:
         out.append("algorithm.action_mask (NLPO's masking copy of the policy)")
     if algorithm.extragradient or algorithm.slow_fast.fast_steps > 0:
         out.append("algorithm.extragradient / slow_fast (weight snapshots of the sharded policy)")
-    judges = [name for name, term in reward_terms.items() if hasattr(term, "bind_policy")]
-    if judges:
-        out.append(f"reward terms that judge with the policy or its copy ({', '.join(judges)})")
     return out
