@@ -135,7 +135,7 @@ def setup(cfg, device: torch.device) -> tuple[Distributed | None, torch.device]:
     if s.strategy == "none":
         if world > 1:
             raise ConfigError(
-                f"distributed=none (one process), but the launcher started {world} processes (WORLD_SIZE={world}): "
+                f"distributed=none (one process), but the launcher started {world} processes: "
                 "add distributed=ddp to train data-parallel over them"
             )
         return None, device

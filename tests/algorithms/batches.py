@@ -42,17 +42,19 @@ def make_batch(rewards, groups, lengths=None, width=None, truncated=None, terms=
     return batch
 
 
-def tiny_policy(seed=0):
-    """A 1-layer Llama over a 32-token vocabulary (no tokenizer needed)."""
+def tiny_policy(seed=0, layers=1, tied=False):
+    """A ``layers``-layer Llama over a 32-token vocabulary (no tokenizer needed); ``tied``: the head is the
+    embedding."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=32,
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=64,
+        tie_word_embeddings=tied,
     )
     return LlamaForCausalLM(cfg)
 

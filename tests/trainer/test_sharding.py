@@ -36,23 +36,12 @@ from rlexp.trainer.sharding import (
     sharded_blocks,
     unsupported,
 )
+from tests.algorithms.batches import tiny_policy
 from tests.trainer.test_distributed import VENV_BIN, _assert_equal_steps, _launch, _mlflow_runs
 
 
 def _tiny():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=32,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_policy(layers=2, tied=True)  # two FSDP units and the root, a tied head
 
 
 def test_settings_name_an_unknown_key():
