@@ -42,8 +42,11 @@ def release_device_memory(device: torch.device) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``trainer.device``; ``auto``: CUDA when there is a GPU, unless ``accelerate launch --cpu`` started this
+    process (it sets ``ACCELERATE_USE_CPU``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+        return torch.device("cuda" if torch.cuda.is_available() and not cpu_launch else "cpu")
     return torch.device(name)
 
 
