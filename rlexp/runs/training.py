@@ -190,7 +190,7 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     main = dist is None or dist.is_main
     if dist is not None:  # every process starts from the main process's weights (what DDP does when it wraps)
         dist.broadcast_parameters(loaded.model)
-        dist.prepare_sharded(cfg, algorithm, reward_terms, loaded.model)  # distributed=fsdp: before the optimiser
+        dist.prepare_sharded(cfg, algorithm, loaded.model)  # distributed=fsdp: before the optimiser
     # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
     optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None

@@ -370,7 +370,7 @@ class Distributed:
                 f"{'; '.join(refused)}"
             )
 
-    def prepare_sharded(self, cfg, algorithm, reward_terms: dict, model) -> None:
+    def prepare_sharded(self, cfg, algorithm, model) -> None:
         """distributed=fsdp over several processes: refuse what it cannot carry (naming the settings), then shard
         ``model`` in place (build the optimiser after this)."""
         if not self.sharded:
@@ -378,7 +378,7 @@ class Distributed:
         from rlexp.config.schema import ConfigError
         from rlexp.trainer.sharding import shard_model, unsupported
 
-        refused = unsupported(cfg, algorithm, reward_terms)
+        refused = unsupported(cfg, algorithm)
         if refused:
             raise ConfigError(
                 f"distributed=fsdp with {self.world_size} processes is not available with: {'; '.join(refused)}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-RESHARD_KEYS = ("reshard_after_forward",)
+FSDP_KEYS = ("reshard_after_forward",)
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,10 @@ class FSDPSettings:
         from rlexp.config.schema import ConfigError
 
         data = dict(data or {})
-        unknown = sorted(set(data) - set(RESHARD_KEYS))
+        unknown = sorted(set(data) - set(FSDP_KEYS))
         if unknown:
             raise ConfigError(
-                f"distributed.fsdp.{unknown[0]} is not a setting of FSDP here (known: {', '.join(RESHARD_KEYS)})"
+                f"distributed.fsdp.{unknown[0]} is not a setting of FSDP here (known: {', '.join(FSDP_KEYS)})"
             )
         return cls(**data)
 
@@ -166,7 +166,7 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
     set_optimizer_state_dict(model, optimizer, state, options=_options())
 
 
-def unsupported(cfg, algorithm, reward_terms: dict) -> list[str]:
+def unsupported(cfg, algorithm) -> list[str]:
     """The settings of a run that ``distributed=fsdp`` cannot carry yet, each with why (empty: it can). Checked
     before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the bf16
     generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""

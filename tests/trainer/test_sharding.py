@@ -94,10 +94,10 @@ def _algorithm(**kw):
 
 def test_what_fsdp_cannot_carry_is_named():
     cfg = OmegaConf.create({"model": {"peft": None}, "trainer": {"compile": False}})
-    assert unsupported(cfg, _algorithm(needs_reference=True), {}) == []  # a frozen reference is copied
+    assert unsupported(cfg, _algorithm(needs_reference=True)) == []  # a frozen reference is copied
     cfg = OmegaConf.create({"model": {"peft": {"r": 8}}, "trainer": {"compile": True}})
     ema = _algorithm(needs_reference=True, reference=SimpleNamespace(model=None, kind="ema"), reincarnate_at=3)
-    reasons = unsupported(cfg, ema, {})
+    reasons = unsupported(cfg, ema)
     assert [r.split(" ")[0] for r in reasons] == [
         "model.peft",
         "trainer.compile=true",
