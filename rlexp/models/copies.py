@@ -1,9 +1,12 @@
 """Copies of the policy's weights (a frozen reference, a generation copy, a judge's initial policy) that also work
-when the policy is sharded (distributed=fsdp: PyTorch FSDP2, whose modules refuse ``copy.deepcopy``)."""
+when the policy is sharded (distributed=fsdp: PyTorch FSDP2, whose modules refuse ``copy.deepcopy``; deepspeed_zero*:
+DeepSpeed's ZeRO, whose parameters carry links to the partitioned optimiser state and, under ZeRO-3, hold no data
+outside a gathering)."""
 
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 
 import torch
 
@@ -15,19 +18,45 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def zero_stage(model: torch.nn.Module) -> int:
+    """The ZeRO stage whose engine manages ``model``'s parameters (3: partitioned, ``ds_id``; 2: linked to
+    partitioned optimiser state, ``_hp_mapping``); 0 for a plain model."""
+    first = next(model.parameters(), None)
+    if first is None:
+        return 0
+    return 3 if hasattr(first, "ds_id") else 2 if hasattr(first, "_hp_mapping") else 0
+
+
+def zero3_gathered(model: torch.nn.Module, modifier_rank: int | None = None):
+    """ZeRO-3: the full weights of ``model`` until the block ends (``deepspeed.zero.GatheredParameters``, a
+    collective), gathering only those not gathered already (DeepSpeed refuses nested gatherings of a parameter: a
+    copy made inside the rollout phase finds them gathered)."""
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    missing = [p for p in model.parameters() if getattr(p, "ds_status", None) != ZeroParamStatus.AVAILABLE]
+    if not missing:
+        return nullcontext()
+    return deepspeed.zero.GatheredParameters(missing, modifier_rank=modifier_rank)
+
+
 def weights_copy(model: torch.nn.Module) -> torch.nn.Module:
     """An independent, unsharded copy of ``model`` with its current weights: ``copy.deepcopy`` for a plain module; for
     a sharded transformers model, the same class built from its config and filled with its full parameters (each
-    sharded one gathered with ``DTensor.full_tensor``: a collective, so every process copies at the same point)."""
-    if not is_sharded(model):
+    sharded one gathered with ``DTensor.full_tensor``, or ZeRO-3's ``GatheredParameters``: a collective, so every
+    process copies at the same point)."""
+    stage = zero_stage(model)
+    if not is_sharded(model) and not stage:
         return copy.deepcopy(model)
     from torch.distributed.fsdp import FSDPModule
 
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))  # FSDP2 subclasses the model's class
     first = next(model.parameters())
     out = cls._from_config(model.config).to(device=first.device, dtype=first.dtype)
-    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
-    missing, unexpected = out.load_state_dict(full, strict=False)
+    # copied into ``out`` inside the block: a ZeRO-3 parameter's data is freed at the gathering's end
+    with zero3_gathered(model) if stage == 3 else nullcontext():
+        full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
+        missing, unexpected = out.load_state_dict(full, strict=False)
     tied = set(getattr(out, "_tied_weights_keys", None) or ())
     if unexpected or [m for m in missing if m not in tied and "lm_head" not in m]:
         raise RuntimeError(f"weights_copy of {cls.__name__}: missing={missing} unexpected={unexpected}")

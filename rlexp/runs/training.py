@@ -190,9 +190,11 @@ def _build(cfg: DictConfig, t, device, run_dir: Path, callbacks: list, tags: dic
     main = dist is None or dist.is_main
     if dist is not None:  # every process starts from the main process's weights (what DDP does when it wraps)
         dist.broadcast_parameters(loaded.model)
-        dist.prepare_sharded(cfg, algorithm, loaded.model)  # distributed=fsdp: before the optimiser
+        dist.prepare_sharded(cfg, algorithm, loaded.model)  # fsdp / deepspeed: refusals; fsdp shards here
     # trainable parameters only: under model/peft=lora the adapters (the frozen base gets no optimiser state)
     optimizer = build(cfg.optimizer, "optimizer")([p for p in loaded.model.parameters() if p.requires_grad])
+    if dist is not None:  # distributed=deepspeed_zero*: DeepSpeed's engine around the model and this optimiser
+        dist.prepare_optimizer(loaded.model, optimizer, t.max_grad_norm)
     sampler = build(cfg.sampler, "sampler")(data.train, t.prompts_per_step, t.seed) if cfg.get("sampler") else None
     steps_per_rollout = t.steps_per_rollout or algorithm.steps_per_rollout
     mu = t.num_iterations or algorithm.num_iterations

@@ -109,7 +109,8 @@ def save_checkpoint(
     """Write the checkpoint of ``step`` as ``root/last``; keep the ``keep`` newest in all (at least this one).
     ``pending``: the trainer's ``AsyncRollout`` (trainer.async_rollout), whose rollout generated ahead for the next
     step is kept (waited for first). ``model_state`` / ``optimizer_state_dict``: the full states gathered from a
-    sharded model (distributed=fsdp: ``rlexp.trainer.sharding``), written instead of the model's and optimiser's."""
+    sharded model (distributed=fsdp: ``rlexp.trainer.sharding``; deepspeed_zero*: ``rlexp.trainer.zero``), written
+    instead of the model's and optimiser's."""
     root = Path(root)
     tmp = root / f".tmp-{step}"
     try:
@@ -301,14 +302,15 @@ def load_checkpoint(
     rollout=None,
     pending=None,
     stages=(),
-    sharded: bool = False,
+    states=None,
 ) -> dict:
-    """Load the checkpoint at ``path`` into the parts given. ``sharded``: the model is sharded (distributed=fsdp;
-    every process loads the full weights and optimiser state into its shards). An optimiser state saved by a sharded
-    run (keyed by parameter name) loads into a plain one and the other way round."""
+    """Load the checkpoint at ``path`` into the parts given. ``states``: the sharding's full-state loaders when the
+    model is sharded (``Distributed.states``: FSDP's or the ZeRO engine's; every process loads the full weights and
+    optimiser state into its shards). An optimiser state saved by a sharded run (keyed by parameter name) loads into a
+    plain one and the other way round."""
     from safetensors.torch import load_file
 
-    from rlexp.trainer.sharding import keyed_by_name, load_model_state, load_optimizer_state
+    from rlexp.trainer import sharding
 
     path = Path(path)
     files = sorted((path / "model").glob("*.safetensors"))
@@ -320,12 +322,15 @@ def load_checkpoint(
 
         load_adapters(model, state, path)
     else:
-        missing, unexpected = load_model_state(model, state) if sharded else model.load_state_dict(state, strict=False)
+        if states is not None:
+            missing, unexpected = states.load_model_state(model, state)
+        else:
+            missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
     blob = torch.load(path / "state.pt", weights_only=False)
-    if blob["optimizer"] is not None and (sharded or keyed_by_name(blob["optimizer"])):
-        load_optimizer_state(model, optimizer, blob["optimizer"])
+    if blob["optimizer"] is not None and (states is not None or sharding.keyed_by_name(blob["optimizer"])):
+        (states or sharding).load_optimizer_state(model, optimizer, blob["optimizer"])
     elif blob["optimizer"] is not None:
         optimizer.load_state_dict(blob["optimizer"])
     else:

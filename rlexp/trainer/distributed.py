@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 SAMPLING_SEEDS = ("process", "group")
-KNOWN_KEYS = ("strategy", "sampling_seed", "timeout_s", "accelerate", "fsdp")
+KNOWN_KEYS = ("strategy", "sampling_seed", "timeout_s", "fsdp", "deepspeed")
 # update metrics (``policy_update``'s pass sums) folded by their extreme rather than summed
 MAX_KEYS = frozenset({"ratio/max", "clip/high_seq_max", "mismatch/ratio_max"})
 MIN_KEYS = frozenset({"ratio/min", "clip/low_seq_min", "mismatch/ratio_min"})
@@ -91,8 +91,8 @@ class DistributedSettings:
     strategy: str = "none"
     sampling_seed: str = "process"
     timeout_s: float = 1800.0
-    accelerate: dict | None = None  # DeepSpeed plugin settings (conf/distributed/deepspeed_*.yaml)
     fsdp: dict | None = None  # FSDP2 settings (conf/distributed/fsdp.yaml; rlexp.trainer.sharding.FSDPSettings)
+    deepspeed: dict | None = None  # DeepSpeed's config, less what rlexp sets (conf/distributed/deepspeed_zero*.yaml)
 
     @classmethod
     def from_config(cls, node) -> DistributedSettings:
@@ -117,10 +117,16 @@ class DistributedSettings:
             raise ConfigError(f"distributed.timeout_s={s.timeout_s}: must be > 0 (seconds)")
         if s.fsdp is not None and s.strategy != "fsdp":
             raise ConfigError(f"distributed.fsdp is set, but distributed.strategy={s.strategy} (not fsdp)")
+        if s.deepspeed is not None and s.strategy != "deepspeed":
+            raise ConfigError(f"distributed.deepspeed is set, but distributed.strategy={s.strategy} (not deepspeed)")
         if s.strategy == "fsdp":
             from rlexp.trainer.sharding import FSDPSettings
 
             FSDPSettings.from_dict(s.fsdp)  # unknown keys refused here, at config time
+        if s.strategy == "deepspeed":
+            from rlexp.trainer.zero import check_settings
+
+            check_settings(s.deepspeed)  # rlexp-owned keys and the stage, at config time
         return s
 
 
@@ -139,20 +145,13 @@ def setup(cfg, device: torch.device) -> tuple[Distributed | None, torch.device]:
                 "add distributed=ddp to train data-parallel over them"
             )
         return None, device
-    if s.strategy == "deepspeed":
-        raise ConfigError(
-            "distributed.strategy=deepspeed: not available yet — DeepSpeed's engine owns gradient accumulation and the "
-            "optimiser step and reduces gradients in every backward, while rlexp's step runs its own micro-batches "
-            "and optimiser steps. For sharded parameters, gradients and optimiser state use distributed=fsdp (PyTorch "
-            "FSDP2, ZeRO-3); replicated: distributed=ddp (README: Multi-GPU and multi-node training)"
-        )
     launched = [n for n in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{n}", "").lower() == "true"]
     if launched and launched[0].lower() != s.strategy:
         raise ConfigError(
             f"accelerate launched this process for {launched[0]} (its config file's distributed_type), but "
             f"distributed={s.strategy}: launch with rlexp/conf/accelerate/ddp.yaml (or --multi_gpu) or torchrun, and "
-            "pick the strategy with distributed=ddp|fsdp (distributed.fsdp holds FSDP's settings; accelerate's "
-            "fsdp_config is not read)"
+            "pick the strategy with distributed=ddp|fsdp|deepspeed_zero2|deepspeed_zero3 (distributed.fsdp and "
+            "distributed.deepspeed hold the settings; accelerate's fsdp_config and deepspeed_config are not read)"
         )
     t = cfg.trainer
     if world > 1 and t.prompts_per_step < world:
@@ -204,9 +203,11 @@ class Distributed:
         self.world_size, self.rank, self.local_rank = world_size, rank, local_rank
         self.active = world_size > 1
         self.is_main = rank == 0
-        # distributed=fsdp over several processes: parameters, gradients and optimiser state sharded
-        # (rlexp.trainer.sharding); with one process the plain step
-        self.sharded = self.active and settings.strategy == "fsdp"
+        # distributed=fsdp or deepspeed_zero* over several processes: gradients and optimiser state sharded (and the
+        # parameters, but under ZeRO-2); every forward or backward of the update is a collective
+        # (rlexp.trainer.sharding, rlexp.trainer.zero); with one process the plain step
+        self.sharded = self.active and settings.strategy in ("fsdp", "deepspeed")
+        self.zero = None  # the DeepSpeed engine's wrapper (rlexp.trainer.zero.ZeRO), made by prepare_optimizer
         if settings.strategy == "fsdp":
             from rlexp.trainer.sharding import FSDPSettings
 
@@ -371,33 +372,79 @@ class Distributed:
             )
 
     def prepare_sharded(self, cfg, algorithm, model) -> None:
-        """distributed=fsdp over several processes: refuse what it cannot carry (naming the settings), then shard
-        ``model`` in place (build the optimiser after this)."""
+        """distributed=fsdp | deepspeed_zero* over several processes: refuse what it cannot carry (naming the
+        settings); under fsdp shard ``model`` in place (build the optimiser after this, then ``prepare_optimizer``)."""
         if not self.sharded:
             return
         from rlexp.config.schema import ConfigError
         from rlexp.trainer.sharding import shard_model, unsupported
 
         refused = unsupported(cfg, algorithm)
+        if self.s.strategy == "deepspeed":
+            if algorithm.curvature_mask is not None:
+                refused.append("algorithm.curvature_mask (CAPO reads AdamW's per-parameter state)")
+            if algorithm.top_entropy_quantile < 1.0 and algorithm.top_entropy_normaliser == "selected":
+                refused.append("algorithm.top_entropy_normaliser=selected (it rescales the gradients after backward)")
         if refused:
             raise ConfigError(
-                f"distributed=fsdp with {self.world_size} processes is not available with: {'; '.join(refused)}"
+                f"{self.strategy_name} with {self.world_size} processes is not available with: {'; '.join(refused)}"
             )
-        shard_model(model, self.fsdp)
+        if self.s.strategy == "fsdp":
+            shard_model(model, self.fsdp)
+
+    def prepare_optimizer(self, model, optimizer, max_grad_norm: float) -> None:
+        """distributed=deepspeed_zero* over several processes: DeepSpeed's engine around ``model`` and ``optimizer``
+        (the optimiser steps on the partitions; the trainer keeps both objects)."""
+        if self.sharded and self.s.strategy == "deepspeed":
+            from rlexp.trainer.zero import ZeRO
+
+            self.zero = ZeRO(model, optimizer, self.s.deepspeed, max_grad_norm, self.world_size)
+
+    @property
+    def strategy_name(self) -> str:
+        if self.s.strategy == "deepspeed":
+            from rlexp.trainer.zero import check_settings
+
+            return f"distributed=deepspeed_zero{check_settings(self.s.deepspeed)}"
+        return f"distributed={self.s.strategy}"
+
+    @property
+    def states(self):
+        """The full-state functions of the sharding (``full_model_state``, ``full_optimizer_state``,
+        ``load_model_state``, ``load_optimizer_state``): FSDP's (``rlexp.trainer.sharding``) or the ZeRO engine's;
+        None when the model is whole on every process."""
+        if not self.sharded:
+            return None
+        if self.zero is not None:
+            return self.zero
+        from rlexp.trainer import sharding
+
+        return sharding
 
     def gathered(self, model):
-        """``sharding.gathered`` under distributed=fsdp (the full parameters until the block ends); else nothing."""
+        """The full parameters on every process until the block ends (fsdp: ``sharding.gathered``; ZeRO-3:
+        ``GatheredParameters``); else nothing."""
         from contextlib import nullcontext
 
         if not self.sharded:
             return nullcontext(model)
+        if self.zero is not None:
+            return self.zero.gathered(model)
         from rlexp.trainer.sharding import gathered
 
         return gathered(model, self.fsdp.reshard_after_forward)
 
+    def backward(self, loss) -> None:
+        """A micro-batch's backward: through the DeepSpeed engine under deepspeed_zero*, else ``loss.backward()``."""
+        if self.zero is not None:
+            self.zero.backward(loss)
+        else:
+            loss.backward()
+
     def micro_batch_pads(self, counts: list[int]) -> list[int]:
-        """Under distributed=fsdp: for each optimiser step, how many idle micro-batches this process adds to its
-        ``counts[i]`` so that every process runs the most any runs (each forward and backward is a collective)."""
+        """Under distributed=fsdp | deepspeed_zero*: for each optimiser step, how many idle micro-batches this process
+        adds to its ``counts[i]`` so that every process runs the most any runs (each forward or backward is a
+        collective)."""
         if not self.sharded or not counts:
             return [0] * len(counts)
         most = self.gather_floats(counts).max(0).values.tolist()

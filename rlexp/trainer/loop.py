@@ -142,7 +142,8 @@ class Trainer:
         # distributed=ddp (rlexp.trainer.distributed): this process's place among the launched ones; None: one process
         self.dist = dist
         self.is_main = dist is None or dist.is_main  # only the main process logs, checkpoints and evaluates
-        # distributed=fsdp over several processes: the policy's parameters are sharded (rlexp.trainer.sharding)
+        # distributed=fsdp | deepspeed_zero* over several processes: the policy's parameters, gradients or optimiser
+        # state are sharded (rlexp.trainer.sharding, rlexp.trainer.zero)
         self.sharded = dist is not None and dist.sharded
         # the prompt sampler (conf/sampler), built by the app; the default is the seeded shuffle
         self.sampler = (
@@ -210,11 +211,12 @@ class Trainer:
             else device_type != "cuda" and not settings.compile
         )
         if self.sharded and self.share_prompts:
-            # fsdp: every forward of the update is a collective, so each micro-batch is one forward on every process
-            # (a shared-prompt micro-batch is two, and whether one shares depends on its rows)
+            # fsdp / deepspeed: every forward or backward of the update is a collective, so each micro-batch is one
+            # forward on every process (a shared-prompt micro-batch is two, and whether one shares depends on its rows)
             if settings.share_prompt_forward:
                 log.info(
-                    "distributed=fsdp: trainer.share_prompt_forward=true is not used (one forward per micro-batch)"
+                    "%s: trainer.share_prompt_forward=true is not used (one forward per micro-batch)",
+                    dist.strategy_name,
                 )
             self.share_prompts = False
         if settings.cpu_matmul_attention and device_type == "cpu":
@@ -229,6 +231,9 @@ class Trainer:
             if settings.compile
             else model
         )
+        if dist is not None and dist.zero is not None:
+            # deepspeed_zero*: through the engine's forward (it prepares the backward its ZeRO optimiser accumulates)
+            self.train_model = dist.zero.engine
         self._next_group = 0
         # the update schedule: μ epochs × k optimiser steps per rollout (trainer.steps_per_rollout overrides the
         # method's); the old log-probs come from a fresh forward whenever the policy moves within a rollout
@@ -417,8 +422,8 @@ class Trainer:
         if schedule is not None:
             schedule.on_step(step, self.s.max_steps)
         self._next_group = 0
-        # distributed=fsdp: the full policy on every process from the rollout to the old log-probs, so each generates
-        # on its own (no collective per decode step); resharded for the update (rlexp.trainer.sharding)
+        # distributed=fsdp | deepspeed_zero3: the full policy on every process from the rollout to the old log-probs,
+        # so each generates on its own (no collective per decode step); resharded for the update
         phase = ExitStack()
         if self.sharded:
             phase.enter_context(self.dist.gathered(self.model))
@@ -555,7 +560,7 @@ class Trainer:
             )
             batch.extras[IS_WEIGHTS] = weights
             kl_metrics.update(correction_stats)
-        phase.close()  # fsdp: sharded again for the update
+        phase.close()  # fsdp / ZeRO-3: sharded again for the update
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
             batch.advantages = self.algo.compute_advantages(batch)
             self.observe_advantages(batch, own_rows)  # DUMP's learnability per distribution
@@ -688,7 +693,7 @@ class Trainer:
                 rollout=self.rollout,
                 pending=self.ahead,
                 stages=self.stateful_parts,
-                sharded=self.sharded,
+                states=self.dist.states if self.sharded else None,
             )
         if found is not None:
             path, meta = found
@@ -806,12 +811,11 @@ class Trainer:
                     stop = self.dist.any_true(stop)
                 due = (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.max_steps or stop
                 full = {}
-                if due and self.sharded:  # fsdp: the full weights and optimiser state, gathered to the main process
-                    from rlexp.trainer.sharding import full_model_state, full_optimizer_state
-
-                    full["model_state"] = full_model_state(self.model)
+                if due and self.sharded:  # fsdp / deepspeed: the full weights and optimiser state, gathered
+                    states = self.dist.states
+                    full["model_state"] = states.full_model_state(self.model)
                     if s.save_optimizer:
-                        full["optimizer_state_dict"] = full_optimizer_state(self.model, self.optimizer)
+                        full["optimizer_state_dict"] = states.full_optimizer_state(self.model, self.optimizer)
                 if due and self.is_main:
                     ckpt.save_checkpoint(
                         self.ckpt_dir,
@@ -846,11 +850,13 @@ class Trainer:
         return result
 
     def _main_decides(self, flag: bool) -> bool:
-        """``flag`` as the main process has it (fsdp: the others do not evaluate, but must join its gathering)."""
+        """``flag`` as the main process has it (fsdp / deepspeed: the others do not evaluate, but must join its
+        gathering)."""
         return self.dist.broadcast_object(bool(flag)) if self.sharded else bool(flag)
 
     def _full_weights(self):
-        """The policy's full parameters on every process for the block (fsdp: gathered, a collective); else nothing."""
+        """The policy's full parameters on every process for the block (fsdp, ZeRO-3: gathered, a collective); else
+        nothing."""
         return self.dist.gathered(self.model) if self.sharded else ExitStack()
 
     def _evaluate_at_start(self) -> None:

@@ -240,9 +240,11 @@ def policy_update(
 
         slow = snapshot(model)
     epochs = [p for p in range(passes) for _ in range(mu)]  # the pass of each epoch
-    # distributed=fsdp: each micro-batch's forward and backward is a collective, so every process runs the most
-    # micro-batches any process has in each optimiser step (the others as idle passes: rlexp.trainer.sharding)
+    # distributed=fsdp | deepspeed_zero*: each micro-batch's forward or backward is a collective, so every process
+    # runs the most micro-batches any process has in each optimiser step (the others as idle passes:
+    # rlexp.trainer.sharding); under DeepSpeed the engine runs the backward and the optimiser step (rlexp.trainer.zero)
     sharded = dist is not None and getattr(dist, "sharded", False)
+    zero = dist.zero if sharded else None
     pads = dist.micro_batch_pads([len(plan) for *_, plan in steps]) if sharded else [0] * len(steps)
     if sharded:  # over all processes and epochs
         sums["train/idle_micro_batches"] = dist.sum_floats([sum(pads) * len(epochs)])[0]
@@ -254,7 +256,8 @@ def policy_update(
             sums["sfpo/active"] = 1.0
             slow = None
         for (part, part_mask, part_old, norm, token_count, plan), pad in zip(steps, pads):
-            optimizer.zero_grad(set_to_none=True)
+            if zero is None:  # DeepSpeed's engine zeroes its gradients in its step
+                optimizer.zero_grad(set_to_none=True)
             pass_sums: dict[str, torch.Tensor] = {}
             first_step = mismatch is None
             selected = None  # a loss that picks tokens over the whole mini-batch (Clip-Cov, KL-Cov) picks them here
@@ -324,7 +327,10 @@ def policy_update(
                 if IS_WEIGHTS in part.extras:  # train-inference mismatch correction (no gradient)
                     per_token = per_token * part.extras[IS_WEIGHTS][dev_idx, :end]
                 loss = aggregate(per_token, lm, algo.aggregation, norm)
-                loss.backward()
+                if zero is None:
+                    loss.backward()
+                else:
+                    zero.backward(loss)
                 # metrics stay on the device (summed as tensors): one host synchronisation per pass, not
                 # several per micro-batch, so the host keeps queueing the next micro-batch's kernels
                 _add(pass_sums, "loss/total", loss.detach())
@@ -348,7 +354,7 @@ def policy_update(
                 from rlexp.trainer.sharding import idle_pass
 
                 for _ in range(pad):
-                    idle_pass(model)
+                    idle_pass(model, None if zero is None else zero.backward)
             pass_sums = _to_host(pass_sums)
             if dist is not None:  # the global optimiser step's sums and extremes
                 pass_sums = dist.reduce_sums(pass_sums)
@@ -371,12 +377,17 @@ def policy_update(
                 for q in params:
                     q.grad.mul_(scale)
                 pass_sums["loss/total"] *= scale
-            gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
-            gn = gn.full_tensor().item() if sharded else float(gn)  # sharded: a DTensor over the shards' norms
-            if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
-                optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
-            optimizer.step()
+            if zero is not None:  # DeepSpeed: the engine clips and steps on the partitions, then zeroes the gradients
+                gn = zero.step()
+                if not math.isfinite(gn):
+                    raise FloatingPointError(f"non-finite gradient norm ({gn}) under DeepSpeed (the step has run)")
+            else:
+                gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+                gn = gn.full_tensor().item() if sharded else float(gn)  # sharded: a DTensor over the shards' norms
+                if not math.isfinite(gn):  # the one host read of the pass, besides the metrics
+                    optimizer.zero_grad(set_to_none=True)
+                    raise FloatingPointError(f"non-finite gradient norm ({gn}): the update is not applied")
+                optimizer.step()
             for k, v in getattr(optimizer, "last_metrics", {}).items():  # an optimiser's own (SPAM's clipped spikes)
                 sums[k] += v / n_steps
             if scheduler is not None:

@@ -106,12 +106,17 @@ def gathered(model: torch.nn.Module, reshard_after_forward: bool = True):
             unit.set_reshard_after_forward(reshard_after_forward and unit is not model, recurse=False)
 
 
-def idle_pass(model: torch.nn.Module) -> None:
+def idle_pass(model: torch.nn.Module, backward=None) -> None:
     """A micro-batch that changes nothing (one token, zero loss) but joins the collectives of a real one's forward and
-    backward: for a process with fewer micro-batches than another in the same optimiser step."""
+    backward: for a process with fewer micro-batches than another in the same optimiser step. ``backward``: how the
+    step runs a loss's backward (DeepSpeed's engine: ``Distributed.backward``); default ``loss.backward()``."""
     device = next(model.parameters()).device
     logits = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False).logits
-    (logits.float().sum() * 0.0).backward()
+    loss = logits.float().sum() * 0.0
+    if backward is None:
+        loss.backward()
+    else:
+        backward(loss)
 
 
 # ---- checkpoints: full states on the main process ------------------------------------------------------------------
