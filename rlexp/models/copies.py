@@ -21,10 +21,12 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def zero_stage(model: torch.nn.Module) -> int:
     """The ZeRO stage whose engine manages ``model``'s parameters (3: partitioned, ``ds_id``; 2: linked to
     partitioned optimiser state, ``_hp_mapping``); 0 for a plain model."""
-    first = next(model.parameters(), None)
-    if first is None:
-        return 0
-    return 3 if hasattr(first, "ds_id") else 2 if hasattr(first, "_hp_mapping") else 0
+    for p in model.parameters():  # any: a frozen parameter has no link to optimiser state under ZeRO-2
+        if hasattr(p, "ds_id"):
+            return 3
+        if hasattr(p, "_hp_mapping"):
+            return 2
+    return 0
 
 
 def zero3_gathered(model: torch.nn.Module, modifier_rank: int | None = None):

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Peak resident memory per process of two training steps on the default model (SmolLM2-135M-Instruct, default task
 # and settings: 8 prompts x 8 completions; one thread per process, no evaluation, no checkpoint) with 2 CPU processes
-# (torchrun, gloo): distributed=ddp (replicated: full weights, gradients and AdamW state on each process) against
-# distributed=fsdp (FSDP2: gradients and AdamW state sharded, parameters gathered for the rollout phase). Shared-prompt
-# forwards off in both (FSDP runs one forward per micro-batch). GNU time's "Maximum resident set size" of each rank.
-#   bash benchmarks/fsdp_memory.sh [out_dir]
+# (torchrun, gloo), one arm per distributed= entry: ddp (replicated: full weights, gradients and AdamW state on each
+# process), fsdp (FSDP2: parameters, gradients and AdamW state sharded, parameters gathered for the rollout phase),
+# deepspeed_zero2 (gradients and AdamW state partitioned), deepspeed_zero3 (weights too; gathered for the rollout phase).
+# Shared-prompt forwards off in all (the sharded ones run one forward per micro-batch). GNU time's "Maximum resident
+# set size" of each rank.
+#   bash benchmarks/sharding_memory.sh [out_dir] [arm ...]      (arms default: ddp fsdp)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-/tmp/fsdp_memory}
+OUT=${1:-/tmp/sharding_memory}
+shift || true
+ARMS=("$@")
+[ ${#ARMS[@]} -eq 0 ] && ARMS=(ddp fsdp)
 mkdir -p "$OUT"
-for arm in ddp fsdp; do
+for arm in "${ARMS[@]}"; do
   OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node 2 --no-python bash -c \
     '/usr/bin/time -v -o "$0/$1-rank$LOCAL_RANK.time" .venv/bin/python -m rlexp.cli train "${@:2}"' "$OUT" "$arm" \
     distributed="$arm" trainer.share_prompt_forward=false trainer.max_steps=2 trainer.eval_at_start=false \
