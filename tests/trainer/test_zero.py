@@ -8,7 +8,8 @@ partitioned weights for uneven forwards, and ``weights_copy`` copies a ZeRO poli
 
 Long: ``torchrun`` with 2 CPU processes (gloo) on ``model=tiny`` against one process on the same data and seed. ZeRO-2:
 the logged loss, reward and gradient norm equal the single-process run's within 1e-5 relative, one MLflow run is
-created, and the checkpoint resumes under ZeRO-2 and on one process to the uninterrupted run's step 3. ZeRO-3: the
+created, and the checkpoint resumes under ZeRO-2 (DeepSpeed's own launcher) and on one process to the uninterrupted
+run's step 3. ZeRO-3: the
 first step equals the single-process one (with and without a KL reference, a full copy of the partitioned policy on
 each process); a resume under ZeRO-3 equals the uninterrupted ZeRO-3 run, and its checkpoint resumed on one process
 samples the same next step (why later steps are not compared with one process: the ZeRO-3 test's docstring).
@@ -171,10 +172,18 @@ def _torchrun() -> list[str]:
     return [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "rlexp.cli"]
 
 
+def _deepspeed_launcher() -> list[str]:
+    """DeepSpeed's own launcher (2 local processes; on a CPU machine its --num_gpus is the process count), without
+    the --local_rank argument it would otherwise append (Hydra takes overrides only)."""
+    port = str(_free_port())
+    return [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", port, "--no_local_rank", "--module"]
+
+
 @pytest.mark.long
 def test_zero2_logs_the_single_process_run_and_resumes_anywhere(tmp_path):
     """torchrun with 2 CPU processes under distributed=deepspeed_zero2 gives one process's steps, in one MLflow run; its
-    full-state checkpoint resumes under ZeRO-2 and on a single process to the uninterrupted run's step 3."""
+    full-state checkpoint resumes under ZeRO-2 (launched by DeepSpeed's own launcher) and on a single process to the
+    uninterrupted run's step 3."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra (.ci/run installs it)")
     zero = ["distributed=deepspeed_zero2", *PLAIN]
     single = _launch(SINGLE, ["trainer.max_steps=3", *PLAIN], tmp_path / "one", tmp_path / "one.db")
@@ -189,8 +198,8 @@ def test_zero2_logs_the_single_process_run_and_resumes_anywhere(tmp_path):
 
     copy_dir = tmp_path / "zero-on-one"
     shutil.copytree(run_dir, copy_dir, ignore=shutil.ignore_patterns(".run.lock"))
-    resumed = _launch(_torchrun(), ["trainer.max_steps=3", *zero], run_dir, db)
-    _assert_equal_steps(single, resumed)
+    resumed = _launch(_deepspeed_launcher() + ["rlexp.cli"], ["trainer.max_steps=3", *zero], run_dir, db)
+    _assert_equal_steps(single, resumed)  # resumed under DeepSpeed's own launcher
     client, runs = _mlflow_runs(db)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED", "the resume continues the same tracker run"
 
