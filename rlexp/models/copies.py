@@ -50,16 +50,29 @@ def weights_copy(model: torch.nn.Module) -> torch.nn.Module:
     stage = zero_stage(model)
     if not is_sharded(model) and not stage:
         return copy.deepcopy(model)
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))  # FSDP2 subclasses the model's class
     first = next(model.parameters())
-    out = cls._from_config(model.config).to(device=first.device, dtype=first.dtype)
+    out = _same_architecture(model).to(device=first.device, dtype=first.dtype)
     # copied into ``out`` inside the block: a ZeRO-3 parameter's data is freed at the gathering's end
     with zero3_gathered(model) if stage == 3 else nullcontext():
         full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
         missing, unexpected = out.load_state_dict(full, strict=False)
     tied = set(getattr(out, "_tied_weights_keys", None) or ())
     if unexpected or [m for m in missing if m not in tied and "lm_head" not in m]:
-        raise RuntimeError(f"weights_copy of {cls.__name__}: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(f"weights_copy of {type(out).__name__}: missing={missing} unexpected={unexpected}")
     return out
+
+
+def _same_architecture(model: torch.nn.Module) -> torch.nn.Module:
+    """A freshly initialised module of ``model``'s architecture (its weights to be loaded): the transformers class
+    from its config; a peft model (LoRA under DeepSpeed) is its base rebuilt so and wrapped with the same adapters, so
+    its parameters come in the same order."""
+    from rlexp.models.peft import is_peft
+
+    if is_peft(model):
+        from peft import get_peft_model
+
+        return get_peft_model(_same_architecture(model.get_base_model()), model.peft_config[model.active_adapter])
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))  # FSDP2 subclasses the model's class
+    return cls._from_config(model.config)

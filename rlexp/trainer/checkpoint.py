@@ -320,7 +320,10 @@ def load_checkpoint(
     if (path / "model" / "adapter_config.json").exists():  # model/peft=lora: the adapters only
         from rlexp.models.peft import load_adapters
 
-        load_adapters(model, state, path)
+        if states is not None:  # under DeepSpeed: also into the partitions the optimiser steps
+            states.load_adapters(model, state, path)
+        else:
+            load_adapters(model, state, path)
     else:
         if states is not None:
             missing, unexpected = states.load_model_state(model, state)

@@ -171,13 +171,16 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
     set_optimizer_state_dict(model, optimizer, state, options=_options())
 
 
-def unsupported(cfg, algorithm) -> list[str]:
-    """The settings of a run that ``distributed=fsdp`` cannot carry yet, each with why (empty: it can). Checked
-    before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the bf16
-    generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""
+def unsupported(cfg, algorithm, strategy: str = "fsdp") -> list[str]:
+    """The settings of a run that ``distributed=fsdp`` (or ``deepspeed``) cannot carry yet, each with why (empty: it
+    can). Checked before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the
+    bf16 generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""
     out = []
-    if cfg.model.get("peft"):
-        out.append("model.peft (LoRA adapters over a sharded base: not built yet; distributed=ddp trains them)")
+    if cfg.model.get("peft") and strategy == "fsdp":
+        out.append(
+            "model.peft (LoRA adapters over an FSDP-sharded base: not built yet; distributed=ddp or "
+            "deepspeed_zero2|3 train them)"
+        )
     if cfg.trainer.get("compile"):
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
     r = algorithm.reference

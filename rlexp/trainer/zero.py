@@ -196,6 +196,18 @@ class ZeRO:
         self.engine.optimizer.refresh_fp32_params()  # the partitions AdamW steps, from the weights just written
         return missing, unexpected
 
+    def load_adapters(self, model: torch.nn.Module, state: dict, where) -> None:
+        """LoRA adapters of a checkpoint (``PeftModel.save_pretrained``'s keys) into the engine's weights and its
+        fp32 partitions (model.peft under DeepSpeed)."""
+        from rlexp.models.peft import load_adapters
+
+        if self.stage == 3:
+            with torch.no_grad(), self.ds.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+                load_adapters(model, state, where)
+        else:
+            load_adapters(model, state, where)
+        self.engine.optimizer.refresh_fp32_params()
+
     def _ensure_state(self) -> None:
         """Create AdamW's (lazy) state on the fp32 partitions with a step that changes nothing (zero gradients, lr 0),
         so a checkpoint's state can be written into it. ZeRO-3 hands AdamW one partition at a time (its groups are

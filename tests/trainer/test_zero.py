@@ -12,7 +12,8 @@ created, and the checkpoint resumes under ZeRO-2 (DeepSpeed's own launcher) and 
 run's step 3. ZeRO-3: the
 first step equals the single-process one (with and without a KL reference, a full copy of the partitioned policy on
 each process); a resume under ZeRO-3 equals the uninterrupted ZeRO-3 run, and its checkpoint resumed on one process
-samples the same next step (why later steps are not compared with one process: the ZeRO-3 test's docstring).
+samples the same next step (why later steps are not compared with one process: the ZeRO-3 test's docstring). LoRA
+under ZeRO-2 logs the single-process LoRA run and resumes on one process; under ZeRO-3 it samples the same first step.
 """
 
 from __future__ import annotations
@@ -252,3 +253,31 @@ def test_zero3_with_a_kl_reference(tmp_path):
     for k in ("loss/total", "kl/mean"):
         assert two[k] == pytest.approx(single[k], rel=0.05), k
     assert two["kl/mean"] > 0
+
+
+@pytest.mark.long
+def test_lora_under_zero(tmp_path):
+    """model/peft=lora under DeepSpeed: ZeRO partitions the adapters' gradients and AdamW state (the frozen base is
+    replicated under ZeRO-2, partitioned under ZeRO-3). ZeRO-2 on 2 processes logs the single-process LoRA run's steps,
+    its checkpoint holds the adapters only and resumes on one process to that run's step 3; ZeRO-3 samples the same
+    first rollout (its update parts in the last bits, as above) and checkpoints the adapters."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra (.ci/run installs it)")
+    lora = ["model/peft=lora", "optimizer.lr=1e-3", *PLAIN]  # adapters move visibly in a step at this rate
+    single = _launch(SINGLE, ["trainer.max_steps=3", *lora], tmp_path / "one", tmp_path / "one.db")
+    run_dir = tmp_path / "zero2"
+    two = _launch(
+        _torchrun(), ["trainer.max_steps=2", "distributed=deepspeed_zero2", *lora], run_dir, tmp_path / "z2.db"
+    )
+    _assert_equal_steps(single, two)
+    model_files = sorted(p.name for p in (run_dir / "checkpoints" / "last" / "model").iterdir())
+    assert "adapter_model.safetensors" in model_files and "model.safetensors" not in model_files
+    one = _launch(SINGLE, ["trainer.max_steps=3", *lora], run_dir, tmp_path / "z2.db")  # ZeRO-2 state, 1 process
+    _assert_equal_steps(single, one)
+
+    run3 = tmp_path / "zero3"
+    three = _launch(
+        _torchrun(), ["trainer.max_steps=1", "distributed=deepspeed_zero3", *lora], run3, tmp_path / "z3.db"
+    )
+    for k in ("reward/mean", "reward/std", "length/mean", "batch/completions"):
+        assert three[0][k] == pytest.approx(single[0][k], rel=1e-6), k
+    assert (run3 / "checkpoints" / "last" / "model" / "adapter_model.safetensors").exists()
