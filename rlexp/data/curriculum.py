@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
 from rlexp.data.sources import DatasetSplits
 
 LEVEL_KEY = "curriculum_level"
@@ -94,7 +95,7 @@ def expand_levels(levels: Any) -> list[list[dict]]:
 def curriculum_options(task: str, level: int, range_mode: str = "upper_bound") -> dict:
     """The options of reasoning-gym ``task`` at ``level`` of its curriculum (every attribute at that level, clamped
     at the attribute's last one)."""
-    import reasoning_gym as rg
+    rg = import_reasoning_gym()
     from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
     from reasoning_gym.factory import create_curriculum, has_curriculum
 
@@ -122,10 +123,9 @@ def _generate(source: dict, size: int, seed: int, prefix: str, range_mode: str) 
         from rlexp.data.sat import generate
 
         return generate(source["options"], size, seed, prefix)
-    import reasoning_gym as rg
-
     from rlexp.data.sources import reasoning_gym_records
 
+    rg = import_reasoning_gym()
     options = {}
     if source["level"] is not None:
         options = curriculum_options(source["task"], source["level"], range_mode)

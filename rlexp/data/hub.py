@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
 from rlexp.data.sources import (
     DatasetSplits,
     _jsonable,
@@ -728,8 +729,7 @@ def mapped_dataset(
 
 
 def _rg_names() -> list[str]:
-    from reasoning_gym.factory import DATASETS
-
+    DATASETS = import_reasoning_gym().factory.DATASETS
     return sorted(n for n in DATASETS if n != "composite")
 
 
@@ -798,7 +798,7 @@ def reasoning_gym_tasks(
     for t, _, _ in mix:
         if t not in known:
             raise _config_error(f"dataset.tasks: {t!r} is not a reasoning-gym task; tasks: {', '.join(known)}")
-    import reasoning_gym as rg
+    rg = import_reasoning_gym()
     from reasoning_gym.composite import DatasetSpec
 
     size = int((train_size + eval_size) * 1.2) + 10

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
+
 
 @dataclass
 class DatasetSplits:
@@ -42,7 +44,7 @@ def reasoning_gym_task(
     name: str, seed: int, train_size: int = 2000, eval_size: int = 100, options: dict | None = None
 ) -> DatasetSplits:
     """A procedurally generated reasoning-gym task, scored by the task's own scorer."""
-    import reasoning_gym as rg
+    rg = import_reasoning_gym()
 
     try:
         ds = rg.create_dataset(name, size=int((train_size + eval_size) * 1.2) + 10, seed=seed, **dict(options or {}))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
+
 
 def generator_tasks(dataset: Mapping) -> dict[str, dict]:
     """``{task: options}`` of a reasoning-gym dataset config: ``dataset=reasoning_gym`` (``task`` + ``options``, or
@@ -31,9 +33,7 @@ def generator_tasks(dataset: Mapping) -> dict[str, dict]:
 
 def generate(task: str, options: Mapping, n: int, seed: int, prefix: str) -> list[dict]:
     """``n`` fresh records of reasoning-gym ``task`` under ``options`` (seeded), ids ``<prefix>-<i>``."""
-    import reasoning_gym as rg
-
     from rlexp.data.sources import reasoning_gym_records
 
-    ds = rg.create_dataset(task, size=n, seed=seed, **dict(options))
+    ds = import_reasoning_gym().create_dataset(task, size=n, seed=seed, **dict(options))
     return reasoning_gym_records(ds, prefix)

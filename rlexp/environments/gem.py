@@ -34,6 +34,7 @@ import random
 from contextlib import contextmanager
 
 from rlexp.core.registry import ENVIRONMENTS
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
 from rlexp.environments import EnvStep
 
 INSTALL = "pip install --no-deps gem-llm==0.1.0 (its reasoning-gym==0.1.23 pin would downgrade ours)"
@@ -45,6 +46,7 @@ def import_gem():
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
+        import_reasoning_gym()  # GEM imports reasoning-gym, which imports pycosat (rlexp's stand-in where absent)
         import gem
         from gem.envs.registration import ENV_REGISTRY  # noqa: F401
     except ImportError as e:

@@ -53,6 +53,7 @@ from collections.abc import Callable
 
 from omegaconf import OmegaConf
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
 from rlexp.data.sources import _jsonable, _require_columns, load_table, parse_gsm8k_answer
 from rlexp.execution.testcases import normalize_tests
 
@@ -819,8 +820,7 @@ class ReasoningGymSource:
             raise ValueError(f"benchmark reasoning_gym/{name}: seed={seed} is one of exclude_seeds")
 
     def _create(self, seed: int, size: int):
-        import reasoning_gym as rg
-
+        rg = import_reasoning_gym()
         try:
             return rg.create_dataset(self.name, size=size, seed=seed, **self.options)
         except Exception as e:

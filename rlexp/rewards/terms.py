@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from rlexp.core.registry import REWARDS
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
 from rlexp.rewards.answers import choice_letter, extract_answer, math_equal
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,7 @@ class RewardTerm:
 
 @cache
 def _rg_scorer(task: str):
-    import reasoning_gym as rg
-
-    return rg.get_score_answer_fn(task)
+    return import_reasoning_gym().get_score_answer_fn(task)
 
 
 def check_answer(answer: str | None, record: dict) -> float:

@@ -11,6 +11,9 @@ import random
 import numpy as np
 import pytest
 
+from rlexp.data.reasoning_gym_compat import import_reasoning_gym
+
+import_reasoning_gym()  # GEM imports reasoning-gym: with pycosat's stand-in where pycosat is absent
 pytest.importorskip("gem")
 
 from rlexp.data.gem import gem_games  # noqa: E402

@@ -79,7 +79,9 @@ def test_offline_benchmarks_never_overlap_training_data(tmp_path):
 
 def test_reasoning_gym_items_of_a_seed_are_a_fixed_sequence():
     """The exclusion relies on it: the first k items under a seed do not depend on the dataset size."""
-    import reasoning_gym as rg
+    from rlexp.data.reasoning_gym_compat import import_reasoning_gym
+
+    rg = import_reasoning_gym()
 
     for name, opts in [
         ("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
