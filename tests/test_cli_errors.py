@@ -90,6 +90,7 @@ def test_a_bad_override_syntax_names_the_override(tmp_path):
     assert rc == 2 and "eval.n=[" in one_error_line(err)
 
 
+@pytest.mark.long
 def test_a_config_error_in_the_run_is_one_line_and_its_traceback_is_in_the_job_log(tmp_path):
     run_dir = tmp_path / "run"
     rc, _, err = rlexp("train", *TINY, "trainer.max_steps=0", f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -134,6 +135,7 @@ def test_replay_to_a_dead_saved_uri_is_one_line_that_suggests_tracking_uri(tmp_p
     assert rc == 1 and uri in with_traceback(err)
 
 
+@pytest.mark.long
 def test_replay_to_a_saved_sqlite_store_that_is_not_here_creates_nothing(tmp_path):
     run_dir = _run_dir(tmp_path, "sqlite:///elsewhere/mlruns.db")
     rc, _, err = rlexp("replay", str(run_dir), cwd=tmp_path)
@@ -142,6 +144,7 @@ def test_replay_to_a_saved_sqlite_store_that_is_not_here_creates_nothing(tmp_pat
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.long
 def test_an_unreachable_tracking_server_is_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

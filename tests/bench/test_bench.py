@@ -266,6 +266,7 @@ def test_cli_dispatches_bench(capsys):
     assert "prompts_per_step: 64" in printed and "max_new_tokens: 256" in printed and "setting: gpu_large" in printed
 
 
+@pytest.mark.long
 def test_prompt_check_catches_trl_seeing_other_prompts(tmp_path, monkeypatch):
     """The same-prompts check is real: feed TRL the prompts in reverse order and it reports False."""
     from rlexp.bench import harness as bench

@@ -34,6 +34,7 @@ def test_records_are_the_generated_games():
     assert Path(records[0]["metadata"]["game"]).parent == folder
 
 
+@pytest.mark.long
 def test_the_cache_is_read_back_and_keyed_by_settings():
     games(level=1)
     t = time.perf_counter()

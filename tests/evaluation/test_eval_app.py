@@ -26,6 +26,7 @@ def mlflow_metrics(run_dir):
     return client, run
 
 
+@pytest.mark.long
 def test_offline_suite_logs_pass_maj_consistency_length_to_mlflow(tmp_path):
     run_dir = tmp_path / "run"
     cfg = compose_train(
@@ -108,6 +109,7 @@ def test_humaneval_executes_generated_code(tmp_path):
     assert not any("consistency" in k for k in m)  # code has no final answer to re-derive
 
 
+@pytest.mark.long
 def test_checkpoint_of_a_training_run_is_evaluated_at_its_step(tmp_path, tiny_cfg):
     from rlexp.runs.training import run
 

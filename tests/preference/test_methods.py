@@ -81,6 +81,7 @@ def test_bad_preference_settings_are_refused_naming_the_key(tiny_cfg):
         validate(tiny_cfg("algorithm=kto", "+algorithm.options.learning_rate=0.1"))
 
 
+@pytest.mark.long
 def test_trl_run_logs_to_mlflow_with_our_names_and_provenance(tiny_cfg, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 

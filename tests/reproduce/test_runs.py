@@ -59,6 +59,7 @@ def test_the_hash_drops_where_a_run_writes_not_what_it_trains(tmp_path):
         assert config_hash(compose_run([*base, kept], tmp_path / "a")) != h, kept
 
 
+@pytest.mark.long
 def test_finished_runs_are_found_and_a_changed_one_is_named(demo):
     spec, scale, out = demo
     plans = plan_runs(spec, scale, out)
@@ -77,6 +78,7 @@ def test_finished_runs_are_found_and_a_changed_one_is_named(demo):
     assert changed.status == CHANGED and changed.diff == ["trainer.max_steps: 5 -> 2"]
 
 
+@pytest.mark.long
 def test_the_table_is_the_runs_metrics_and_nothing_is_launched_again(demo, monkeypatch, capsys):
     spec, scale, out = demo
     for p in plan_runs(spec, scale, out):
@@ -102,6 +104,7 @@ def test_the_table_is_the_runs_metrics_and_nothing_is_launched_again(demo, monke
     assert "dry run" not in capsys.readouterr().out
 
 
+@pytest.mark.long
 def test_dry_run_writes_nothing_and_a_changed_run_is_refused_then_replaced(demo, monkeypatch):
     spec, scale, out = demo
     plans = plan_runs(spec, scale, out)

@@ -38,6 +38,7 @@ def _mlflow_runs(tmp_path):
     return runs, steps
 
 
+@pytest.mark.long
 def test_resume_false_in_a_directory_that_holds_a_run_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     run(compose_train(_common(tmp_path, 2), run_dir))
@@ -50,6 +51,7 @@ def test_resume_false_in_a_directory_that_holds_a_run_is_refused_and_changes_not
     assert len(runs) == 1 and list(steps.values()) == [[1, 2]]  # nothing spliced into the old run
 
 
+@pytest.mark.long
 def test_a_copied_run_directory_resumes_into_a_new_mlflow_run_with_the_copied_history(tmp_path):
     original = tmp_path / "run"
     run(compose_train(_common(tmp_path, 2), original))
@@ -71,6 +73,7 @@ def test_a_copied_run_directory_resumes_into_a_new_mlflow_run_with_the_copied_hi
     assert json.loads((copy / "tracker_ids.json").read_text())["mlflow"] == forked.info.run_id
 
 
+@pytest.mark.long
 def test_a_moved_run_directory_continues_its_run(tmp_path):
     original = tmp_path / "run"
     run(compose_train(_common(tmp_path, 2), original))

@@ -65,6 +65,7 @@ def test_an_eval_whose_checkpoint_is_missing_fails_without_a_tracker_run(tmp_pat
     assert _runs(tmp_path)[1] == []  # no empty FAILED run
 
 
+@pytest.mark.long
 def test_an_eval_that_crashes_records_why_in_its_failed_run(tmp_path, monkeypatch):
     from rlexp.evaluation.runner import BenchmarkEvaluator
 

@@ -34,6 +34,7 @@ def test_first_and_last_windows_by_hand(tmp_path):
     assert "checkpoints: none kept" in text and "tracker: none" in text
 
 
+@pytest.mark.long
 def test_a_run_prints_and_writes_its_summary(tiny_cfg, tmp_path, capsys):
     db = f"sqlite:///{tmp_path}/mlruns.db"
     run(tiny_cfg("tracker=mlflow", f"tracker.backends.mlflow.tracking_uri={db}"))

@@ -219,6 +219,7 @@ def hydra_suite_state():
         ray.shutdown()
 
 
+@pytest.mark.long
 @needs_ray
 @pytest.mark.usefixtures("hydra_suite_state")
 @pytest.mark.parametrize(

@@ -104,6 +104,7 @@ SHRINK = {  # only the sizes shrink; every sweep keeps its own search space, sam
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", SWEEPS)
 def test_ready_sweep_runs_two_trials_on_the_tiny_model(name, tmp_path, monkeypatch):
     """`rlexp train -m +sweep=<name>` end to end on the tiny model, two trials."""
@@ -146,6 +147,7 @@ def test_ready_sweep_runs_two_trials_on_the_tiny_model(name, tmp_path, monkeypat
             assert (job.trainer.prompts_per_step, job.trainer.num_generations) == (8 // g, g)
 
 
+@pytest.mark.long
 def test_a_ready_sweep_rerun_with_other_fixed_settings_is_refused(tmp_path, monkeypatch, capfd):
     """Issue 16: `rlexp train -m +sweep=<name>` keeps one study per name; re-run with another fixed setting, it
     would add trials of another experiment to it. Refused before any trial, in one line naming the differing

@@ -447,6 +447,7 @@ def test_a_silent_trial_of_another_machine_is_waited_for_then_retried(tmp_path):
     assert launcher.launched == [2]
 
 
+@pytest.mark.long
 def test_a_beating_trial_of_another_machine_is_left_to_its_worker(tmp_path):
     sweep, _ = make_sweep(tmp_path, lambda v: {"score": v["x"]}, n_trials=1)
     sweep.run([])

@@ -180,6 +180,7 @@ def test_two_worker_processes_share_one_study(tmp_path):
     print("trials launched per worker:", launched)
 
 
+@pytest.mark.long
 def test_a_trial_that_raises_is_recorded_fail_and_the_sweep_completes(tmp_path, sweep):
     sweep_dir = tmp_path / "sweep"
     sweep(
@@ -257,6 +258,7 @@ def test_joblib_launcher_keeps_n_jobs_trials_in_flight(tmp_path, sweep):
     assert all(steps_run(t) == 3 for t in trials)
 
 
+@pytest.mark.long
 def test_default_retention_keeps_only_the_best_trials_checkpoint(tmp_path, sweep, capfd):
     """Three trials, each writing its final checkpoint: once the sweep ends, only the best trial's is on disk;
     the summary names it with its size, and a progress line per trial shows the best so far."""
@@ -281,6 +283,7 @@ def test_default_retention_keeps_only_the_best_trials_checkpoint(tmp_path, sweep
     assert "sweep s 3/3 trials" in progress[-1] and f"best 4 (trial {best.number})" in progress[-1]
 
 
+@pytest.mark.long
 def test_keep_weights_all_keeps_every_trials_checkpoint(tmp_path, sweep):
     sweep_dir = tmp_path / "all"
     sweep(

@@ -48,6 +48,7 @@ def job_overrides(sweep_dir: Path, number: int) -> list[str]:
     return list(OmegaConf.load(sweep_dir / str(number) / ".hydra" / "overrides.yaml"))
 
 
+@pytest.mark.long
 def test_sphere_example_minimises_to_near_zero(example):
     """Docs, Example 1: `python example/sphere.py --multirun` (TPE, seed 123, 20 trials)."""
     sweep_dir = example("sphere.py")
@@ -86,6 +87,7 @@ def test_sphere_example_with_a_command_line_search_space_and_upstreams_sampler_k
     assert "~z=null" in job_overrides(sweep_dir, 0)
 
 
+@pytest.mark.long
 def test_sphere_example_docs_interval_override(example):
     """Docs: `python example/sphere.py --multirun 'x=interval(-5.0, 5.0)' 'y=interval(0, 10)'`."""
     sweep_dir = example("sphere.py", "hydra.sweeper.n_trials=6", "x=interval(-5.0, 5.0)", "y=interval(0, 10)")
@@ -98,6 +100,7 @@ def dominates(a, b) -> bool:
     return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("command_line", [False, True])
 def test_multi_objective_example_returns_a_pareto_front(example, command_line):
     """Docs, Example 2: Binh and Korn, two directions (NSGA-II from the config; upstream's test also runs

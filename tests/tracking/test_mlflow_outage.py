@@ -116,6 +116,7 @@ def test_server_hung_until_the_end_then_replay(tiny_cfg, tmp_path, mlflow_server
     assert steps_per_metric(client, run_id, rows) == expected_steps(rows)
 
 
+@pytest.mark.long
 def test_server_down_at_start_then_replay_creates_the_run(tiny_cfg, tmp_path):
     """Nothing listens at the URI: training goes on without MLflow (bounded start); replay creates the
     run later, with the run's params and tags, and records its id for a resume."""

@@ -160,6 +160,7 @@ def test_a_half_migrated_store_is_repaired_and_keeps_its_runs(tmp_path, caplog):
     assert said and "metrics.step" in said[0] and str(copy) in said[0]
 
 
+@pytest.mark.long
 def test_a_whole_migration_whose_stamp_was_lost_is_stamped(tmp_path):
     db = tmp_path / "mlruns.db"
     uri = f"sqlite:///{db}"
@@ -203,6 +204,7 @@ def test_a_store_from_a_newer_mlflow_is_refused_at_once_and_left_untouched(tmp_p
     assert digest(db) == before
 
 
+@pytest.mark.long
 def test_a_store_behind_that_mlflow_refuses_names_the_upgrade_command(tmp_path, monkeypatch):
     """MLflow migrates a store behind it by itself only when it lacks tables; one with all its tables but old
     columns it refuses. (No revision of this MLflow has all the head's tables, so the table set is narrowed.)"""

@@ -19,6 +19,7 @@ def test_offline_by_default_and_online_with_a_key(monkeypatch):
     assert WandbTracker(mode="offline").mode == "offline"
 
 
+@pytest.mark.long
 def test_offline_run_holds_the_runs_metrics_and_config(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -95,6 +95,7 @@ def test_rollout_of_step_t_plus_1_comes_from_the_weights_before_step_t_update(ti
     assert result.metrics["async/version_lag"] == 1.0
 
 
+@pytest.mark.long
 def test_same_seed_same_run_whatever_the_thread_timing(tiny_cfg, tmp_path, monkeypatch):
     """A seed gives one run: a slow rollout thread (the update ends before the rollout starts) and a trainer thread
     that draws from the global RNG beside it change nothing; generating synchronously does (another RNG stream)."""

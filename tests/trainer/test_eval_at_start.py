@@ -38,6 +38,7 @@ def test_no_step_0_without_held_out_evaluation(tiny_cfg, tmp_path):
     assert [r["step"] for r in rows(tmp_path / "run")] == [1]
 
 
+@pytest.mark.long
 def test_a_resumed_run_does_not_evaluate_step_0_again_and_keeps_the_gain(tiny_cfg, tmp_path):
     run(tiny_cfg(*EVAL, "trainer.checkpoint_every=1"))
     run(tiny_cfg("eval.size=6", "trainer.eval_every=2", "trainer.max_steps=3", "trainer.checkpoint_every=1"))
