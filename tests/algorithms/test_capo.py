@@ -237,6 +237,7 @@ def test_capo_two_steps_on_the_tiny_model_log_the_masked_share(tiny_cfg):
     assert math.isfinite(m["loss/total"]) and math.isfinite(m["grad_norm"])
 
 
+@pytest.mark.long
 def test_capo_moment_model_resumes_from_the_checkpoint(tiny_cfg):
     """A run stopped after step 2 and resumed to step 3 continues the moment model (2 steps per training step):
     6 moment steps at step 3, not 2 as a fresh model would count."""

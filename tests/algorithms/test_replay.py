@@ -158,6 +158,7 @@ def test_repo_runs_two_steps_and_replays_on_the_second(tiny_cfg):
     assert math.isfinite(m["loss/total"])
 
 
+@pytest.mark.long
 def test_repo_resume_replays_what_the_uninterrupted_run_does(tiny_cfg, tmp_path):
     from tests.conftest import TINY, compose_train
     from tests.trainer.test_resume import CrashAt

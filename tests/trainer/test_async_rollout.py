@@ -126,6 +126,7 @@ def test_same_seed_same_run_whatever_the_thread_timing(tiny_cfg, tmp_path, monke
     assert len({r["reward/mean"] for r in fast}) > 1, "the reward varies: the comparison says something"
 
 
+@pytest.mark.long
 def test_resume_trains_on_the_kept_rollout_and_matches_the_uninterrupted_run(tiny_cfg, tmp_path):
     """A checkpoint waits for the rollout generated ahead and keeps it (it came from weights the checkpoint no
     longer holds); the run resumed from it equals the uninterrupted one, step for step."""

@@ -77,6 +77,7 @@ def test_ppo_checkpoint_holds_the_critic_and_resume_restores_it(tiny_cfg, tmp_pa
     assert result.last_step == 3
 
 
+@pytest.mark.long
 def test_sfpo_switch_off_survives_a_resume(tiny_cfg, tmp_path):
     """SFPO's entropy z-score switch-off is rebuilt from the metrics log on resume: with a window of 2 and a
     threshold every z-score reaches, it switches off after step 2, and a run resumed at step 2 keeps it off."""

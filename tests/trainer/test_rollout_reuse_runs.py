@@ -30,6 +30,7 @@ def test_spec_rl_drafts_once_prompts_recur(tiny_cfg, tmp_path):
     assert any(r["spec/accepted_frac"] < 1 for r in rows[1:])  # the policy moved: some drafts are cut
 
 
+@pytest.mark.long
 def test_spec_rl_cache_survives_a_resume(tiny_cfg, tmp_path):
     from tests.conftest import TINY, compose_train
 
