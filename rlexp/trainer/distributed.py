@@ -434,13 +434,6 @@ class Distributed:
 
         return gathered(model, self.fsdp.reshard_after_forward)
 
-    def backward(self, loss) -> None:
-        """A micro-batch's backward: through the DeepSpeed engine under deepspeed_zero*, else ``loss.backward()``."""
-        if self.zero is not None:
-            self.zero.backward(loss)
-        else:
-            loss.backward()
-
     def micro_batch_pads(self, counts: list[int]) -> list[int]:
         """Under distributed=fsdp | deepspeed_zero*: for each optimiser step, how many idle micro-batches this process
         adds to its ``counts[i]`` so that every process runs the most any runs (each forward or backward is a

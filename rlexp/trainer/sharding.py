@@ -109,7 +109,7 @@ def gathered(model: torch.nn.Module, reshard_after_forward: bool = True):
 def idle_pass(model: torch.nn.Module, backward=None) -> None:
     """A micro-batch that changes nothing (one token, zero loss) but joins the collectives of a real one's forward and
     backward: for a process with fewer micro-batches than another in the same optimiser step. ``backward``: how the
-    step runs a loss's backward (DeepSpeed's engine: ``Distributed.backward``); default ``loss.backward()``."""
+    step runs a loss's backward (DeepSpeed's engine: ``ZeRO.backward``); default ``loss.backward()``."""
     device = next(model.parameters()).device
     logits = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False).logits
     loss = logits.float().sum() * 0.0
