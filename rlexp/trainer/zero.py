@@ -101,7 +101,7 @@ def engine_config(settings: dict, max_grad_norm: float, param_dtype: torch.dtype
         "managed_gradient_accumulation": False,
         "gradient_clipping": float(max_grad_norm or 0.0),
         "zero_allow_untested_optimizer": True,  # torch's AdamW, stepped by ZeRO on each partition
-        "steps_per_print": 1 << 30,
+        "steps_per_print": 1 << 30,  # DeepSpeed's own progress lines off: rlexp logs the steps
     }
     if param_dtype == torch.bfloat16:
         config["bf16"] = {"enabled": True}
