@@ -7,6 +7,7 @@ same model with its adapters disabled (``AdaptersOff``), checkpoints hold the ad
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -107,6 +108,18 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
         else:
             out[key.replace(".base_layer.", ".")] = value
     return out
+
+
+def saved_adapter_names(model) -> dict[str, str]:
+    """For each trainable parameter of a ``PeftModel``, the key ``save_pretrained`` writes it under (the adapter's name
+    taken out after its ``lora_*`` module: ``...q_proj.lora_A.default.weight`` is saved as ``...q_proj.lora_A.weight``)
+    mapped to the parameter's own name: how a sharded model (FSDP) loads a checkpoint's adapters by name."""
+    adapter = re.escape(model.active_adapter)
+    return {
+        re.sub(rf"(\.lora_[A-Za-z_]+)\.{adapter}(?=\.|$)", r"\1", name): name
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
 
 
 def load_adapters(model, state: dict[str, torch.Tensor], where) -> None:

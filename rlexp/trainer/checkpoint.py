@@ -320,7 +320,7 @@ def load_checkpoint(
     if (path / "model" / "adapter_config.json").exists():  # model/peft=lora: the adapters only
         from rlexp.models.peft import load_adapters
 
-        if states is not None:  # under DeepSpeed: also into the partitions the optimiser steps
+        if states is not None:  # sharded (FSDP, DeepSpeed): into the shards or partitions the optimiser steps
             states.load_adapters(model, state, path)
         else:
             load_adapters(model, state, path)

@@ -379,7 +379,7 @@ class Distributed:
         from rlexp.config.schema import ConfigError
         from rlexp.trainer.sharding import shard_model, unsupported
 
-        refused = unsupported(cfg, algorithm, self.s.strategy)
+        refused = unsupported(cfg, algorithm)
         if self.s.strategy == "deepspeed":
             if algorithm.curvature_mask is not None:
                 refused.append("algorithm.curvature_mask (CAPO reads AdamW's per-parameter state)")

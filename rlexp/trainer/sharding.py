@@ -15,6 +15,10 @@ Where the parameters live in a step:
   a process with fewer runs ``idle_pass`` (one token, zero loss) for the missing ones. Gradients are reduce-scattered
   as sums (``set_gradient_divide_factor(1)``: each process's loss is already its share of the global loss), then
   clipped over the shards (``clip_grad_norm_`` on DTensors) and stepped on each shard.
+* **LoRA** (``model.peft``): the ``PeftModel`` is sharded like any model (FSDP2 units may mix frozen and trainable
+  parameters): the frozen base is sharded too, only the adapters get gradients and AdamW state, the reference is the
+  policy with its adapters off (``rlexp.models.peft.AdaptersOff``, run inside the gathered phase), and a checkpoint
+  holds the adapters gathered to the main process (``load_adapters`` puts them back into the shards).
 * **Evaluation and checkpoints**: evaluation runs on the main process inside ``gathered``; a checkpoint holds the
   full weights and the full optimiser state gathered to the main process (``torch.distributed.checkpoint``'s
   ``get_model_state_dict`` / ``get_optimizer_state_dict``), in the single-process files, so it resumes with any process
@@ -148,6 +152,25 @@ def load_model_state(model: torch.nn.Module, state: dict) -> tuple[list[str], li
     return list(result.missing_keys), list(result.unexpected_keys)
 
 
+def load_adapters(model: torch.nn.Module, state: dict, where) -> None:
+    """LoRA adapters of a checkpoint (``PeftModel.save_pretrained``'s keys; every process holds them) into the sharded
+    ``PeftModel`` (model.peft under FSDP): each saved key goes to its parameter's shards by name; a key the model has
+    no adapter for, or an adapter the checkpoint lacks, raises naming it."""
+    from rlexp.models.peft import is_peft, saved_adapter_names
+
+    if not is_peft(model):
+        raise RuntimeError(f"checkpoint {where} holds LoRA adapters but the model has none: add model/peft=lora")
+    names = saved_adapter_names(model)
+    unexpected = sorted(set(state) - set(names))
+    missing = sorted(n for k, n in names.items() if k not in state)
+    if unexpected or missing:
+        raise RuntimeError(
+            f"checkpoint {where} does not match the model's adapters: missing={missing[:5]} "
+            f"unexpected={unexpected[:5]} (model.peft settings differ from the run's?)"
+        )
+    load_model_state(model, {names[k]: v for k, v in state.items()})
+
+
 def keyed_by_name(state: dict) -> bool:
     """Whether an optimiser state dict names its parameters (``get_optimizer_state_dict``) rather than numbering them
     (``Optimizer.state_dict``)."""
@@ -171,16 +194,11 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
     set_optimizer_state_dict(model, optimizer, state, options=_options())
 
 
-def unsupported(cfg, algorithm, strategy: str = "fsdp") -> list[str]:
+def unsupported(cfg, algorithm) -> list[str]:
     """The settings of a run that ``distributed=fsdp`` (or ``deepspeed``) cannot carry yet, each with why (empty: it
     can). Checked before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the
     bf16 generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""
     out = []
-    if cfg.model.get("peft") and strategy == "fsdp":
-        out.append(
-            "model.peft (LoRA adapters over an FSDP-sharded base: not built yet; distributed=ddp or "
-            "deepspeed_zero2|3 train them)"
-        )
     if cfg.trainer.get("compile"):
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
     r = algorithm.reference

@@ -12,7 +12,7 @@ import torch
 
 from rlexp.algorithms.regularisers.reference import ReferenceModel
 from rlexp.config.schema import ConfigError, validate
-from rlexp.models.peft import AdaptersOff, apply_lora, merged_state_dict
+from rlexp.models.peft import AdaptersOff, apply_lora, merged_state_dict, saved_adapter_names
 from rlexp.runs.training import run
 
 LORA = {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
@@ -91,6 +91,19 @@ def test_the_consistency_judge_under_lora_is_a_copy_of_the_initial_policy(tiny, 
     x = ids(tiny.tokenizer)
     with torch.no_grad():
         torch.testing.assert_close(meter.reference_model(**x).logits, tiny.model(**x).logits)
+
+
+def test_saved_adapter_names_are_the_keys_save_pretrained_writes(lora_model, tmp_path):
+    """Each trainable parameter's checkpoint key is its name less the adapter's: what a sharded model loads by."""
+    from safetensors.torch import load_file
+
+    names = saved_adapter_names(lora_model)
+    q = "base_model.model.model.layers.0.self_attn.q_proj"
+    assert names[f"{q}.lora_A.weight"] == f"{q}.lora_A.default.weight"
+    assert names[f"{q}.lora_B.weight"] == f"{q}.lora_B.default.weight"
+    assert all(".default" not in k for k in names)
+    lora_model.save_pretrained(tmp_path)
+    assert set(load_file(str(tmp_path / "adapter_model.safetensors"))) == set(names)
 
 
 def test_merged_weights_equal_peft_merge_and_unload(tiny, lora_model):

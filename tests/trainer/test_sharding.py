@@ -8,7 +8,8 @@ round trip.
 Long: ``torchrun`` with 2 CPU processes (gloo) on ``model=tiny`` against one process on the same data and seed — the
 logged loss, reward and gradient norm equal the single-process run's within 1e-5 relative, one MLflow run is created,
 and the FSDP checkpoint resumes under FSDP and on one process to the uninterrupted run's next step; the same with a KL
-reference (a full copy of the sharded policy on each process).
+reference (a full copy of the sharded policy on each process); LoRA under FSDP (the same, and its adapter checkpoint
+resumes both ways). Default: LoRA over a sharded model trains only the adapters and round-trips them by name.
 """
 
 from __future__ import annotations
@@ -95,11 +96,10 @@ def _algorithm(**kw):
 def test_what_fsdp_cannot_carry_is_named():
     cfg = OmegaConf.create({"model": {"peft": None}, "trainer": {"compile": False}})
     assert unsupported(cfg, _algorithm(needs_reference=True)) == []  # a frozen reference is copied
-    cfg = OmegaConf.create({"model": {"peft": {"r": 8}}, "trainer": {"compile": True}})
+    cfg = OmegaConf.create({"model": {"peft": {"r": 8}}, "trainer": {"compile": True}})  # LoRA is carried
     ema = _algorithm(needs_reference=True, reference=SimpleNamespace(model=None, kind="ema"), reincarnate_at=3)
     reasons = unsupported(cfg, ema)
     assert [r.split(" ")[0] for r in reasons] == [
-        "model.peft",
         "trainer.compile=true",
         "algorithm.reference.kind=ema",
         "algorithm.reincarnate_at",
@@ -152,6 +152,59 @@ def test_sharded_model_gathers_idles_copies_and_round_trips(world_of_one):
     assert torch.equal(full_model_state(model)["model.norm.weight"], plain.model.norm.weight.detach())
 
 
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _lora_tiny():
+    from rlexp.models.peft import apply_lora
+
+    torch.manual_seed(0)
+    return apply_lora(_tiny(), LORA)
+
+
+def test_lora_over_a_sharded_model_trains_the_adapters_and_round_trips(world_of_one, tmp_path):
+    """model.peft under FSDP: the PeftModel is sharded (frozen base included); only the adapters get gradients; the
+    reference (adapters off) is the base; the adapters saved from the gathered full state load back into a fresh
+    sharded model by name, and a mismatched checkpoint is named."""
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor
+
+    from rlexp.models.peft import AdaptersOff
+    from rlexp.trainer.sharding import load_adapters
+
+    base = _tiny()
+    model = _lora_tiny()
+    shard_model(model, FSDPSettings())
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q.base_layer.weight, DTensor) and isinstance(q.lora_A["default"].weight, DTensor)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    model(input_ids=ids).logits.float().pow(2).mean().backward()
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all(".lora_" in n for n in trained)
+    assert trained == {n for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():  # adapters visibly on: B away from its zero start
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5)
+        with gathered(model):
+            on = model(input_ids=ids).logits
+            off = AdaptersOff(model)(input_ids=ids).logits
+    assert torch.allclose(off, base(input_ids=ids).logits, atol=1e-6) and not torch.allclose(on, off, atol=1e-3)
+
+    model.save_pretrained(tmp_path / "ck", state_dict=full_model_state(model))
+    saved = load_file(str(tmp_path / "ck" / "adapter_model.safetensors"))
+    assert saved and all(".lora_" in k and ".default" not in k for k in saved)
+    fresh = _lora_tiny()
+    shard_model(fresh, FSDPSettings())
+    load_adapters(fresh, saved, tmp_path / "ck")
+    with torch.no_grad(), gathered(fresh):
+        assert torch.allclose(fresh(input_ids=ids).logits, on, atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"does not match the model's adapters: missing=\['base_model"):
+        load_adapters(fresh, {k: v for k, v in saved.items() if "layers.0." not in k}, "ck")
+    with pytest.raises(RuntimeError, match="holds LoRA adapters but the model has none"):
+        load_adapters(base, saved, "ck")
+
+
 # ---- two processes ----------------------------------------------------------------------------------------------
 SINGLE = [sys.executable, "-m", "rlexp.cli"]
 FSDP = ["distributed=fsdp", "trainer.share_prompt_forward=false"]
@@ -199,3 +252,25 @@ def test_fsdp_with_a_kl_reference(tmp_path):
     _assert_equal_steps(single, two)
     assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
     assert two[1]["kl/mean"] > 0  # the policy moved away from its reference
+
+
+@pytest.mark.long
+def test_lora_under_fsdp(tmp_path):
+    """model/peft=lora under FSDP on 2 processes: the sharded base, adapters trained, logs the single-process LoRA
+    run's steps with a KL reference (the base with adapters off); its checkpoint holds the adapters only and resumes
+    under FSDP and on one process to that run's step 3."""
+    lora = ["model/peft=lora", "optimizer.lr=1e-3", "algorithm.kl.coef=0.05", "trainer.share_prompt_forward=false"]
+    single = _launch(SINGLE, ["trainer.max_steps=3", *lora], tmp_path / "one", tmp_path / "one.db")
+    run_dir, db = tmp_path / "fsdp", tmp_path / "fsdp.db"
+    two = _launch(_torchrun(), ["trainer.max_steps=2", "distributed=fsdp", *lora], run_dir, db)
+    _assert_equal_steps(single, two)
+    assert two[1]["kl/mean"] > 0  # the adapters moved the policy away from the base
+    model_files = sorted(p.name for p in (run_dir / "checkpoints" / "last" / "model").iterdir())
+    assert "adapter_model.safetensors" in model_files and "model.safetensors" not in model_files
+
+    copy_dir = tmp_path / "fsdp-on-one"
+    shutil.copytree(run_dir, copy_dir, ignore=shutil.ignore_patterns(".run.lock"))
+    resumed = _launch(_torchrun(), ["trainer.max_steps=3", "distributed=fsdp", *lora], run_dir, db)
+    _assert_equal_steps(single, resumed)
+    one = _launch(SINGLE, ["trainer.max_steps=3", *lora], copy_dir, tmp_path / "copy.db")  # FSDP state, 1 process
+    _assert_equal_steps(single, one)
