@@ -64,8 +64,8 @@ def weights_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def _same_architecture(model: torch.nn.Module) -> torch.nn.Module:
     """A freshly initialised module of ``model``'s architecture (its weights to be loaded): the transformers class
-    from its config; a peft model (LoRA under FSDP or DeepSpeed) is its base rebuilt so and wrapped with the same adapters, so
-    its parameters come in the same order."""
+    from its config; a peft model (LoRA under FSDP or DeepSpeed) is its base rebuilt so and wrapped with the same
+    adapters, so its parameters come in the same order."""
     from rlexp.models.peft import is_peft
 
     if is_peft(model):
