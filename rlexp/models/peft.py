@@ -113,7 +113,7 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 def saved_adapter_names(model) -> dict[str, str]:
     """For each trainable parameter of a ``PeftModel``, the key ``save_pretrained`` writes it under (the adapter's name
     taken out after its ``lora_*`` module: ``...q_proj.lora_A.default.weight`` is saved as ``...q_proj.lora_A.weight``)
-    mapped to the parameter's own name: how a sharded model (FSDP) loads a checkpoint's adapters by name."""
+    mapped to the parameter's own name."""
     adapter = re.escape(model.active_adapter)
     return {
         re.sub(rf"(\.lora_[A-Za-z_]+)\.{adapter}(?=\.|$)", r"\1", name): name
@@ -122,17 +122,37 @@ def saved_adapter_names(model) -> dict[str, str]:
     }
 
 
+def adapters_by_name(model, state: dict[str, torch.Tensor], where) -> dict[str, torch.Tensor]:
+    """A checkpoint's adapters (``save_pretrained``'s keys) keyed by the model's parameter names: how a sharded model
+    (FSDP) loads them. A key the model has no adapter for, or an adapter the checkpoint lacks, raises naming it."""
+    _require_adapters(model, where)
+    names = saved_adapter_names(model)
+    unexpected = sorted(set(state) - set(names))
+    missing = sorted(n for k, n in names.items() if k not in state)
+    if unexpected or missing:
+        _mismatch(where, missing, unexpected)
+    return {names[k]: v for k, v in state.items()}
+
+
+def _require_adapters(model, where) -> None:
+    if not is_peft(model):
+        raise RuntimeError(f"checkpoint {where} holds LoRA adapters but the model has none: add model/peft=lora")
+
+
+def _mismatch(where, missing, unexpected):
+    raise RuntimeError(
+        f"checkpoint {where} does not match the model's adapters: missing={missing[:5]} unexpected={unexpected[:5]} "
+        "(model.peft settings differ from the run's?)"
+    )
+
+
 def load_adapters(model, state: dict[str, torch.Tensor], where) -> None:
     """Load adapter weights saved by ``PeftModel.save_pretrained`` into ``model`` (a ``PeftModel``)."""
     from peft import set_peft_model_state_dict
 
-    if not is_peft(model):
-        raise RuntimeError(f"checkpoint {where} holds LoRA adapters but the model has none: add model/peft=lora")
+    _require_adapters(model, where)
     result = set_peft_model_state_dict(model, state)
     unexpected = getattr(result, "unexpected_keys", None) or []
     lora_missing = [k for k in getattr(result, "missing_keys", None) or [] if ".lora_" in k]
     if unexpected or lora_missing:
-        raise RuntimeError(
-            f"checkpoint {where} does not match the model's adapters: missing={lora_missing[:5]} "
-            f"unexpected={unexpected[:5]} (model.peft settings differ from the run's?)"
-        )
+        _mismatch(where, lora_missing, unexpected)

@@ -154,21 +154,10 @@ def load_model_state(model: torch.nn.Module, state: dict) -> tuple[list[str], li
 
 def load_adapters(model: torch.nn.Module, state: dict, where) -> None:
     """LoRA adapters of a checkpoint (``PeftModel.save_pretrained``'s keys; every process holds them) into the sharded
-    ``PeftModel`` (model.peft under FSDP): each saved key goes to its parameter's shards by name; a key the model has
-    no adapter for, or an adapter the checkpoint lacks, raises naming it."""
-    from rlexp.models.peft import is_peft, saved_adapter_names
+    ``PeftModel`` (model.peft under FSDP), each into its parameter's shards by name."""
+    from rlexp.models.peft import adapters_by_name
 
-    if not is_peft(model):
-        raise RuntimeError(f"checkpoint {where} holds LoRA adapters but the model has none: add model/peft=lora")
-    names = saved_adapter_names(model)
-    unexpected = sorted(set(state) - set(names))
-    missing = sorted(n for k, n in names.items() if k not in state)
-    if unexpected or missing:
-        raise RuntimeError(
-            f"checkpoint {where} does not match the model's adapters: missing={missing[:5]} "
-            f"unexpected={unexpected[:5]} (model.peft settings differ from the run's?)"
-        )
-    load_model_state(model, {names[k]: v for k, v in state.items()})
+    load_model_state(model, adapters_by_name(model, state, where))
 
 
 def keyed_by_name(state: dict) -> bool:
