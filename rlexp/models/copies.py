@@ -6,7 +6,7 @@ outside a gathering)."""
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -42,6 +42,16 @@ def zero3_gathered(model: torch.nn.Module, modifier_rank: int | None = None):
     return deepspeed.zero.GatheredParameters(missing, modifier_rank=modifier_rank)
 
 
+@contextmanager
+def full_parameters(model: torch.nn.Module):
+    """``model``'s parameters as (name, full tensor) pairs in ``named_parameters`` order, readable until the block
+    ends: a plain or ZeRO-2 model's own; an FSDP-sharded one's gathered one at a time as they are read
+    (``DTensor.full_tensor``); ZeRO-3's gathered for the block. A collective under FSDP and ZeRO-3: every process
+    reads them all, at the same point."""
+    with zero3_gathered(model) if zero_stage(model) == 3 else nullcontext():
+        yield ((n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()) for n, p in model.named_parameters())
+
+
 def weights_copy(model: torch.nn.Module) -> torch.nn.Module:
     """An independent, unsharded copy of ``model`` with its current weights: ``copy.deepcopy`` for a plain module; for
     a sharded transformers model, the same class built from its config and filled with its full parameters (each
@@ -53,9 +63,8 @@ def weights_copy(model: torch.nn.Module) -> torch.nn.Module:
     first = next(model.parameters())
     out = _same_architecture(model).to(device=first.device, dtype=first.dtype)
     # copied into ``out`` inside the block: a ZeRO-3 parameter's data is freed at the gathering's end
-    with zero3_gathered(model) if stage == 3 else nullcontext():
-        full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
-        missing, unexpected = out.load_state_dict(full, strict=False)
+    with full_parameters(model) as params:
+        missing, unexpected = out.load_state_dict(dict(params), strict=False)
     tied = set(getattr(out, "_tied_weights_keys", None) or ())
     if unexpected or [m for m in missing if m not in tied and "lm_head" not in m]:
         raise RuntimeError(f"weights_copy of {type(out).__name__}: missing={missing} unexpected={unexpected}")

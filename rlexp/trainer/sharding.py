@@ -24,8 +24,10 @@ Where the parameters live in a step:
   ``get_model_state_dict`` / ``get_optimizer_state_dict``), in the single-process files, so it resumes with any process
   count and strategy (``load_model_state`` / ``load_optimizer_state``).
 
-Copies of the policy (a frozen KL reference, a judge's initial policy, the rollout's bf16 generation copy) are not
-sharded: each process keeps a full one (no gradient, no optimiser state; ``rlexp.models.copies.weights_copy``).
+Copies of the policy (a frozen or EMA KL reference, a judge's initial policy, the rollout's bf16 generation copy) are
+not sharded: each process keeps a full one (no gradient, no optimiser state; ``rlexp.models.copies.weights_copy``). An
+EMA reference's update and ReMix's reincarnation read the policy's full parameters after the optimiser step, on every
+process (``rlexp.models.copies.full_parameters``).
 """
 
 from __future__ import annotations
@@ -185,16 +187,12 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
 
 def unsupported(cfg, algorithm) -> list[str]:
     """The settings of a run that ``distributed=fsdp`` (or ``deepspeed``) cannot carry yet, each with why (empty: it
-    can). Checked before the model is sharded. Copies of the policy (a frozen reference, a judge's initial policy, the
-    bf16 generation copy) are made by ``rlexp.models.copies.weights_copy``, which gathers the sharded weights."""
+    can). Checked before the model is sharded. Copies of the policy (a frozen or EMA reference, a judge's initial
+    policy, the bf16 generation copy) are made by ``rlexp.models.copies.weights_copy`` and an EMA reference's updates
+    and ReMix's reincarnation read ``full_parameters``: both gather the sharded weights."""
     out = []
     if cfg.trainer.get("compile"):
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
-    r = algorithm.reference
-    if algorithm.needs_reference and r.model is None and r.kind not in ("frozen", "none"):
-        out.append(f"algorithm.reference.kind={r.kind} (its updates read the policy's full weights every step)")
-    if algorithm.reincarnate_at is not None:
-        out.append("algorithm.reincarnate_at (the reference copies the sharded policy)")
     if algorithm.action_mask is not None:
         out.append("algorithm.action_mask (NLPO's masking copy of the policy)")
     if algorithm.extragradient or algorithm.slow_fast.fast_steps > 0:

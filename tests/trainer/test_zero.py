@@ -135,6 +135,7 @@ def test_engine_steps_like_adamw_and_round_trips_its_state(deepspeed_world_of_on
             assert torch.allclose(model(input_ids=x).logits, plain(input_ids=x).logits, atol=1e-5)
     copy = weights_copy(model)  # a plain module again: rebuilt from the config and the (gathered) weights
     assert zero_stage(copy) == 0 and torch.allclose(copy(input_ids=ids[0]).logits, plain(input_ids=ids[0]).logits)
+    _assert_ema_reads_the_full_weights(model, plain)
 
     # a single-process checkpoint (numbered AdamW state) into a fresh engine, then one more step on each side
     fresh = tiny_policy(layers=2, tied=True, seed=1)
@@ -150,6 +151,21 @@ def test_engine_steps_like_adamw_and_round_trips_its_state(deepspeed_world_of_on
     z2.step()
     for k, v in plain.state_dict().items():
         assert torch.allclose(z2.full_model_state(fresh)[k], v, atol=1e-5), k
+
+
+def _assert_ema_reads_the_full_weights(model, plain):
+    """An EMA reference's update (and ReMix's reset, decay 0) from the sharded policy, outside any gathering, is the
+    one from the plain policy with the same weights."""
+    from rlexp.algorithms.regularisers.reference import ema_update
+
+    for decay in (0.9, 0.0):
+        got, want = tiny_policy(layers=2, tied=True, seed=1), tiny_policy(layers=2, tied=True, seed=1)
+        ema_update(got, model, decay)
+        ema_update(want, plain, decay)
+        for (n, a), b in zip(got.named_parameters(), want.parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-5), (decay, n)
+        start = tiny_policy(layers=2, tied=True, seed=1).model.embed_tokens.weight
+        assert not torch.allclose(got.model.embed_tokens.weight, start, atol=1e-3)  # it moved toward the policy
 
 
 def _settings(stage: int) -> dict:
@@ -235,6 +251,27 @@ def test_zero3_logs_the_single_process_step_and_resumes_anywhere(tmp_path):
 
     one = _launch(SINGLE, ["trainer.max_steps=3", *PLAIN], copy_dir, tmp_path / "copy.db")  # ZeRO-3 state, 1 process
     _assert_equal_steps(full[2:], one[2:])
+
+
+@pytest.mark.long
+def test_zero2_with_an_ema_reference(tmp_path):
+    """An EMA KL reference under ZeRO-2 (a full copy on each process, updated after every optimiser step from the
+    policy's weights) gives the single-process run's steps, its KL included."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra (.ci/run installs it)")
+    ema = [
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=0",
+        "algorithm.kl.coef=0.05",
+        "algorithm.reference.kind=ema",
+        "algorithm.reference.ema_interval=1",
+        "algorithm.reference.ema_decay=0.5",
+        *PLAIN,
+    ]
+    single = _launch(SINGLE, ema, tmp_path / "one", tmp_path / "one.db")
+    two = _launch(_torchrun(), [*ema, "distributed=deepspeed_zero2"], tmp_path / "two", tmp_path / "two.db")
+    _assert_equal_steps(single, two)
+    assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
+    assert all(r["reference/ema_updates"] == 1.0 for r in two) and two[2]["kl/mean"] > 0
 
 
 @pytest.mark.long

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from rlexp.core.registry import REGULARISERS
-from rlexp.models.copies import weights_copy
+from rlexp.models.copies import full_parameters, weights_copy
 from rlexp.models.peft import AdaptersOff, is_peft
 
 KINDS = ("none", "frozen", "ema")
@@ -93,8 +93,10 @@ class ReferenceModel:
 
 @torch.no_grad()
 def ema_update(target: torch.nn.Module, source: torch.nn.Module, decay: float) -> None:
-    """target ← decay·target + (1−decay)·source, parameter by parameter (buffers copied)."""
-    for t, s in zip(target.parameters(), source.parameters()):
-        t.lerp_(s.detach().to(t.dtype), 1.0 - decay)
+    """target ← decay·target + (1−decay)·source, parameter by parameter (buffers copied). ``source`` may be sharded
+    (distributed=fsdp | deepspeed_zero*: its full parameters are read, a collective every process runs)."""
+    with full_parameters(source) as params:
+        for t, (_, s) in zip(target.parameters(), params, strict=True):
+            t.lerp_(s.to(t.dtype), 1.0 - decay)
     for t, s in zip(target.buffers(), source.buffers()):
         t.copy_(s)
