@@ -385,6 +385,8 @@ class Distributed:
                 refused.append("algorithm.curvature_mask (CAPO reads AdamW's per-parameter state)")
             if algorithm.top_entropy_quantile < 1.0 and algorithm.top_entropy_normaliser == "selected":
                 refused.append("algorithm.top_entropy_normaliser=selected (it rescales the gradients after backward)")
+            if algorithm.slow_fast.fast_steps > 0:
+                refused.append("algorithm.slow_fast (SFPO moves the weights outside the engine's fp32 partitions)")
         if refused:
             raise ConfigError(
                 f"{self.strategy_name} with {self.world_size} processes is not available with: {'; '.join(refused)}"

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from rlexp.trainer.slow_fast import snapshot
+from rlexp.trainer.slow_fast import snapshot, squared_distance
 
 
 class Extragradient:
@@ -56,6 +56,6 @@ def restore(model: torch.nn.Module, saved: list[torch.Tensor]) -> float:
         raise ValueError("extragradient: the backup does not match the model's trainable parameters")
     sq = 0.0
     for p, s in zip(params, saved):
-        sq += float((p.detach().float() - s.float()).pow(2).sum())
+        sq += squared_distance(p, s)
         p.copy_(s.to(device=p.device, dtype=p.dtype))
     return math.sqrt(sq)

@@ -195,6 +195,6 @@ def unsupported(cfg, algorithm) -> list[str]:
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
     if algorithm.action_mask is not None:
         out.append("algorithm.action_mask (NLPO's masking copy of the policy)")
-    if algorithm.extragradient or algorithm.slow_fast.fast_steps > 0:
-        out.append("algorithm.extragradient / slow_fast (weight snapshots of the sharded policy)")
+    if algorithm.extragradient:
+        out.append("algorithm.extragradient (EGPO's checkpointed backup would hold one process's shards)")
     return out

@@ -23,6 +23,13 @@ def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
+def squared_distance(p: torch.Tensor, s: torch.Tensor) -> float:
+    """‖p − s‖²; for an FSDP-sharded parameter (a DTensor) over every process's shard (a collective)."""
+    sq = (p.detach().float() - s.float()).pow(2).sum()
+    return float(sq.full_tensor() if hasattr(sq, "full_tensor") else sq)
+
+
+@torch.no_grad()
 def reposition(model: torch.nn.Module, slow: list[torch.Tensor], alpha: float) -> float:
     """θ ← θ_0 + α·(θ − θ_0) for every trainable parameter; returns ‖θ − θ_0‖ before the move (the length of
     the fast trajectory's displacement)."""
@@ -31,7 +38,7 @@ def reposition(model: torch.nn.Module, slow: list[torch.Tensor], alpha: float) -
     if len(params) != len(slow):
         raise ValueError("reposition: the slow weights do not match the model's trainable parameters")
     for p, s in zip(params, slow):
-        sq += float((p.detach().float() - s.float()).pow(2).sum())
+        sq += squared_distance(p, s)
         p.lerp_(s.to(p.dtype), 1.0 - alpha)  # p + (1 − α)(s − p) = s + α(p − s)
     return math.sqrt(sq)
 

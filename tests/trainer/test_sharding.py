@@ -101,6 +101,8 @@ def test_what_fsdp_cannot_carry_is_named():
     # LoRA, an EMA reference and ReMix's reincarnation are carried; a compiled forward is not
     ema = _algorithm(needs_reference=True, reference=SimpleNamespace(model=None, kind="ema"), reincarnate_at=3)
     assert unsupported(cfg, ema) == ["trainer.compile=true (a compiled forward over FSDP units is not tested here)"]
+    egpo = _algorithm(extragradient=True, slow_fast=SimpleNamespace(fast_steps=3))  # SFPO is carried, EGPO is not
+    assert [r.split(" ")[0] for r in unsupported(cfg, egpo)] == ["trainer.compile=true", "algorithm.extragradient"]
 
 
 @pytest.fixture
@@ -148,6 +150,20 @@ def test_sharded_model_gathers_idles_copies_and_round_trips(world_of_one):
     missing, unexpected = load_model_state(model, plain.state_dict())
     assert not unexpected and not [m for m in missing if "lm_head" not in m]
     assert torch.equal(full_model_state(model)["model.norm.weight"], plain.model.norm.weight.detach())
+
+
+def test_the_distance_of_a_sharded_parameter_is_over_its_full_tensor(world_of_one):
+    """SFPO's fast displacement and EGPO's look-ahead distance sum ‖θ − θ_0‖² over every process's shard (a plain
+    tensor as is): (3, 4) against 0 is 25 either way. Two processes: test_sfpo_under_fsdp."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+
+    from rlexp.trainer.slow_fast import squared_distance
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    p = DTensor.from_local(torch.tensor([3.0, 4.0]), mesh, [Shard(0)])
+    assert squared_distance(p, torch.zeros_like(p)) == 25.0
+    assert squared_distance(torch.tensor([3.0, 4.0]), torch.zeros(2)) == 25.0
 
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
@@ -270,6 +286,21 @@ def test_fsdp_with_an_ema_reference(tmp_path):
     _assert_equal_steps(single, two)
     assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
     assert all(r["reference/ema_updates"] == 1.0 for r in two) and two[2]["kl/mean"] > 0
+
+
+@pytest.mark.long
+def test_sfpo_under_fsdp(tmp_path):
+    """SFPO (algorithm=sfpo: K fast passes, the reposition θ_0 + α(θ_K − θ_0), the slow pass) under FSDP: the slow
+    weights are snapshots of each process's shards and the reposition moves the shards; the fast trajectory's length
+    is reduced over the shards, so the run logs the single-process run's steps and displacement."""
+    sfpo = ["algorithm=sfpo", "trainer.max_steps=2", "trainer.checkpoint_every=0", "trainer.share_prompt_forward=false"]
+    single = _launch(SINGLE, sfpo, tmp_path / "one", tmp_path / "one.db")
+    two = _launch(_torchrun(), [*sfpo, "distributed=fsdp"], tmp_path / "two", tmp_path / "two.db")
+    _assert_equal_steps(single, two)
+    assert two[0]["sfpo/fast_displacement"] > 0
+    assert [r["sfpo/fast_displacement"] for r in two] == pytest.approx(
+        [r["sfpo/fast_displacement"] for r in single], rel=1e-5
+    )
 
 
 @pytest.mark.long

@@ -44,6 +44,39 @@ def test_settings_refuse_what_rlexp_owns_and_name_the_stage():
         check_settings({})
 
 
+def test_what_zero_cannot_carry_is_named():
+    """Checked at start, before DeepSpeed's engine exists: what FSDP refuses plus DeepSpeed's own refusals, each named
+    (no process group is needed for the check)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    import rlexp
+    from rlexp.trainer.distributed import Distributed, DistributedSettings
+
+    node = OmegaConf.load(Path(rlexp.__file__).parent / "conf" / "distributed" / "deepspeed_zero2.yaml")
+    two = Distributed(DistributedSettings.from_config(node), 0, world_size=2, rank=0, local_rank=0, device="cpu")
+    cfg = OmegaConf.create({"model": {"peft": None}, "trainer": {"compile": False}})
+    algorithm = SimpleNamespace(
+        reference=SimpleNamespace(model=None, kind="ema"),  # carried
+        needs_reference=True,
+        reincarnate_at=None,
+        action_mask=None,
+        extragradient=False,
+        slow_fast=SimpleNamespace(fast_steps=3),
+        curvature_mask=object(),
+        top_entropy_quantile=0.2,
+        top_entropy_normaliser="selected",
+    )
+    with pytest.raises(ConfigError) as refused:
+        two.prepare_sharded(cfg, algorithm, None)
+    message = str(refused.value)
+    assert message.startswith("distributed=deepspeed_zero2 with 2 processes is not available with: ")
+    named = [part.split(" ")[0] for part in message.split(": ", 1)[1].split("; ")]
+    assert named == ["algorithm.curvature_mask", "algorithm.top_entropy_normaliser=selected", "algorithm.slow_fast"]
+
+
 def test_engine_config_carries_the_step_rlexp_owns():
     user = {"zero_optimization": {"stage": 3}}
     c = engine_config(user, 1.0, torch.float32)
