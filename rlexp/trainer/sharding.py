@@ -187,14 +187,13 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
 
 def unsupported(cfg, algorithm) -> list[str]:
     """The settings of a run that ``distributed=fsdp`` (or ``deepspeed``) cannot carry yet, each with why (empty: it
-    can). Checked before the model is sharded. Copies of the policy (a frozen or EMA reference, a judge's initial
-    policy, the bf16 generation copy) are made by ``rlexp.models.copies.weights_copy`` and an EMA reference's updates
-    and ReMix's reincarnation read ``full_parameters``: both gather the sharded weights."""
+    can). Checked before the model is sharded. Copies of the policy (a frozen or EMA reference, NLPO's masking model,
+    a judge's initial policy, the bf16 generation copy) are made by ``rlexp.models.copies.weights_copy``; an EMA
+    reference's updates, ReMix's reincarnation and NLPO's syncs read ``full_parameters``: both gather the sharded
+    weights."""
     out = []
     if cfg.trainer.get("compile"):
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
-    if algorithm.action_mask is not None:
-        out.append("algorithm.action_mask (NLPO's masking copy of the policy)")
     if algorithm.extragradient:
         out.append("algorithm.extragradient (EGPO's checkpointed backup would hold one process's shards)")
     return out

@@ -289,6 +289,26 @@ def test_fsdp_with_an_ema_reference(tmp_path):
 
 
 @pytest.mark.long
+def test_an_action_mask_under_fsdp(tmp_path):
+    """NLPO's learned action mask on GRPO (NLPO itself has a critic, which distributed training refuses) under FSDP:
+    the masking model is a full copy on each process, synced every step from the sharded policy's full parameters;
+    the run logs the single-process run's steps and allowed-token counts."""
+    masked = [
+        "+algorithm.action_mask={top_p: 0.9, sync_every: 1}",
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=0",
+        "trainer.share_prompt_forward=false",
+    ]
+    single = _launch(SINGLE, masked, tmp_path / "one", tmp_path / "one.db")
+    two = _launch(_torchrun(), [*masked, "distributed=fsdp"], tmp_path / "two", tmp_path / "two.db")
+    _assert_equal_steps(single, two)
+    assert all(r["action_mask/synced"] == 1.0 for r in two)
+    assert [r["action_mask/allowed"] for r in two] == pytest.approx(
+        [r["action_mask/allowed"] for r in single], rel=1e-5
+    )
+
+
+@pytest.mark.long
 def test_sfpo_under_fsdp(tmp_path):
     """SFPO (algorithm=sfpo: K fast passes, the reposition θ_0 + α(θ_K − θ_0), the slow pass) under FSDP: the slow
     weights are snapshots of each process's shards and the reposition moves the shards; the fast trajectory's length

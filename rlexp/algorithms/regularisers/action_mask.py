@@ -10,13 +10,12 @@ model's top-p). ``processor`` masks generation (a transformers logits processor 
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import LogitsProcessor
 
 from rlexp.core.forward import completion_logits
 from rlexp.core.registry import REGULARISERS
+from rlexp.models.copies import full_parameters, weights_copy
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -39,7 +38,7 @@ class TopPActionMask:
         if sync_every < 1:
             raise ValueError(f"algorithm.action_mask.sync_every={sync_every} must be >= 1")
         self.top_p, self.sync_every = float(top_p), int(sync_every)
-        self.model = copy.deepcopy(policy).eval()
+        self.model = weights_copy(policy).eval()  # distributed=fsdp | deepspeed_zero*: an unsharded copy
         self.model.requires_grad_(False)
 
     @torch.no_grad()
@@ -47,8 +46,9 @@ class TopPActionMask:
         """Copy the policy into the masking model after training step ``step`` (1-based) every ``sync_every``."""
         if step % self.sync_every:
             return False
-        for t, s in zip(self.model.parameters(), policy.parameters()):
-            t.copy_(s.detach())
+        with full_parameters(policy) as params:  # a sharded policy's gathered (every process syncs at this step)
+            for t, (_, s) in zip(self.model.parameters(), params, strict=True):
+                t.copy_(s)
         return True
 
     @torch.no_grad()
