@@ -21,6 +21,7 @@ from rlexp.algorithms.regularisers.entropy import high_entropy_mask
 from rlexp.algorithms.regularisers.kl import ESTIMATORS, kl_estimate
 from rlexp.algorithms.regularisers.reference import KINDS
 from rlexp.core.masks import KL_ROW_WEIGHTS, TOKEN_REWARDS, UNSCORED
+from rlexp.core.stats import batch_is_spread
 
 UNSCORED_ROWS = ("count", "exclude")
 
@@ -391,8 +392,9 @@ class Algorithm:
             return self.advantage(batch)
         skip = skip.bool().to(batch.reward.device)
         keep = (~skip).nonzero().squeeze(-1)
-        if keep.numel() == 0:  # nothing scored: no statistics, no signal
+        if keep.numel() == 0 and not batch_is_spread():  # nothing scored: no statistics, no signal
             return torch.zeros(len(batch), device=batch.reward.device)
+        # (in a distributed step the estimator runs on the empty share too: its batch statistics are collectives)
         sub = batch.select(keep)
         before = set(sub.extras)
         adv = self.advantage(sub)

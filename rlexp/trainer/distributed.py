@@ -237,6 +237,23 @@ class Distributed:
     def sum_floats(self, values: list[float]) -> list[float]:
         return self.gather_floats(values).sum(0).tolist() if self.active else [float(v) for v in values]
 
+    def sum_tensors(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Scalar tensors summed over the processes (one all-reduce), each back on its own device and dtype."""
+        if not self.active or not values:
+            return values
+        flat = torch.stack([v.detach().to(self.comm_device, torch.float64) for v in values])
+        torch.distributed.all_reduce(flat)
+        return [f.to(v.device, v.dtype) for f, v in zip(flat.unbind(), values)]
+
+    def batch_statistics(self):
+        """The block computes statistics of this process's share of the step's batch (the advantages): batch-wide
+        ones sum over every process's rows (``rlexp.core.stats.batch_spread_over``)."""
+        from contextlib import nullcontext
+
+        from rlexp.core.stats import batch_spread_over
+
+        return batch_spread_over(self.sum_tensors) if self.active else nullcontext()
+
     def any_true(self, flag: bool) -> bool:
         """Whether ``flag`` is set on any process (a stop on one process stops all)."""
         if not self.active:
@@ -354,8 +371,6 @@ class Distributed:
         refused = []
         if trainer.ahead is not None:
             refused.append("trainer.async_rollout=true")
-        if algo.critic is not None:
-            refused.append("an algorithm with a critic (its value model would train on each process's rows alone)")
         if getattr(rollout, "speculative", None) is not None:
             refused.append("rollout.speculative_reuse (the rollout cache is per process)")
         if "vllm" in type(rollout).__name__.lower():

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -562,7 +562,8 @@ class Trainer:
             kl_metrics.update(correction_stats)
         phase.close()  # fsdp / ZeRO-3: sharded again for the update
         with record_function("rlexp.train"):  # phase markers for `rlexp bench bench.profile=true`
-            batch.advantages = self.algo.compute_advantages(batch)
+            with self.dist.batch_statistics() if self.dist is not None else nullcontext():
+                batch.advantages = self.algo.compute_advantages(batch)  # batch statistics over every process's rows
             self.observe_advantages(batch, own_rows)  # DUMP's learnability per distribution
             if self.extragradient is not None:
                 kl_metrics.update(self.extragradient.before_update(step, self.train_model, self.optimizer))

@@ -405,6 +405,7 @@ def policy_update(
                 micro_batch=micro_batch,
                 autocast_dtype=autocast_dtype,
                 micro_batch_tokens=micro_batch_tokens,
+                dist=dist,  # distributed=ddp: every process's rows as one batch
             )
         )
     return dict(sums)

@@ -194,6 +194,8 @@ def unsupported(cfg, algorithm) -> list[str]:
     out = []
     if cfg.trainer.get("compile"):
         out.append("trainer.compile=true (a compiled forward over FSDP units is not tested here)")
+    if getattr(algorithm, "critic", None) is not None:
+        out.append("an algorithm with a critic (its value model is a copy of the policy's trunk: distributed=ddp)")
     if algorithm.extragradient:
         out.append("algorithm.extragradient (EGPO's checkpointed backup would hold one process's shards)")
     return out

@@ -410,3 +410,25 @@ def test_two_processes_with_their_own_sampling_streams(tmp_path):
     assert [r["step"] for r in rows] == [1]
     assert rows[0]["batch/completions"] == 16.0  # 4 prompts x 4 completions over the 2 processes
     assert rows[0]["grad_norm"] > 0
+
+
+@pytest.mark.long
+def test_ppo_critic_trains_on_every_process_rows(tmp_path):
+    """algorithm=ppo under distributed=ddp: each process's critic (a copy of the trunk and a value head) trains on
+    every process's rows as one batch (global token normaliser, summed gradients), so 2 processes log the
+    single-process run's steps and critic metrics, and the critic's checkpoint resumes to its step 3."""
+    ppo = ["algorithm=ppo", "algorithm.critic.lr=1e-3"]  # the value head moves visibly in a step at this rate
+    critic = ("critic/value_loss", "critic/grad_norm", "critic/values_mean", "critic/returns_mean")
+    single = _launch(
+        [sys.executable, "-m", "rlexp.cli"], ["trainer.max_steps=3", *ppo], tmp_path / "one", tmp_path / "1.db"
+    )
+    run_dir, db = tmp_path / "two", tmp_path / "two.db"
+    two = _launch(_accelerate(2), ["trainer.max_steps=2", *ppo], run_dir, db)
+    _assert_equal_steps(single, two)
+    for a, b in zip(single, two):
+        for k in critic:
+            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), (a["step"], k)
+    assert two[1]["critic/values_mean"] != 0  # the head moved off its zero start after step 1
+    resumed = _launch(_accelerate(2), ["trainer.max_steps=3", *ppo], run_dir, db)
+    _assert_equal_steps(single, resumed)
+    assert resumed[2]["critic/values_mean"] == pytest.approx(single[2]["critic/values_mean"], rel=1e-5)

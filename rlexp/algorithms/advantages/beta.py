@@ -6,7 +6,7 @@ import torch
 
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.registry import ADVANTAGES
-from rlexp.core.stats import group_index, group_sum
+from rlexp.core.stats import batch_mean, batch_std, group_index, group_sum
 
 
 @ADVANTAGES.register
@@ -54,12 +54,11 @@ def _bnpo_one(reward, group_ids, min_value, max_value, max_weight):
     )  # singleton: p = 0 (released code)
     p = pg[inv]
     alpha = beta = torch.tensor(1.0, device=s.device)
-    if k > 1:
-        mu, var = pg.mean(), pg.var()
-        if var > 0:
-            common = mu * (1 - mu) / var - 1
-            alpha = torch.clamp(1 + common * mu / 3, min=1.0)
-            beta = torch.clamp(1 + common * (1 - mu) / 3, min=1.0)
+    mu, var = batch_mean(pg), batch_std(pg) ** 2  # over every process's groups in a distributed step
+    if var > 0:  # (fewer than two groups: var 0, the uniform prior)
+        common = mu * (1 - mu) / var - 1
+        alpha = torch.clamp(1 + common * mu / 3, min=1.0)
+        beta = torch.clamp(1 + common * (1 - mu) / 3, min=1.0)
     pdf = torch.distributions.Beta(alpha, beta).log_prob(p.clamp(0.0, 1.0)).exp()
     weight = torch.clamp(1.0 / pdf, min=0.0, max=max_weight)
     return weight * (s - p)

@@ -34,6 +34,7 @@ from rlexp.algorithms.losses.consistency_blend import GLOBAL_ADV, LOCAL_WEIGHT
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import ANSWER_CLUSTER
 from rlexp.core.registry import ADVANTAGES
+from rlexp.core.stats import batch_mean, batch_std
 
 ENTROPY_OF = ("answer", "outcome")
 GATES = ("correct", "none")
@@ -125,9 +126,9 @@ def copo(
         group_rows.append(rows)
         uniform.append(len(rows) > 1 and bool((r == r[0]).all()))
     g_reward = torch.tensor(group_reward, device=device)
-    g_adv = g_reward - g_reward.mean() if len(group_reward) else g_reward
+    g_adv = g_reward - batch_mean(g_reward)  # over every process's groups in a distributed step
     if scale != "none":  # the std over the batch's groups (unbiased, as torch.std in the release); one group: 0
-        std = g_reward.std() if len(group_reward) > 1 else torch.zeros((), device=device)
+        std = batch_std(g_reward)
         g_adv = g_adv / (std + eps) if float(std) > 0 or eps > 0 else torch.zeros_like(g_adv)
     global_adv = torch.zeros(n_rows, device=device)
     for rows, a in zip(group_rows, g_adv):

@@ -30,7 +30,7 @@ from rlexp.algorithms.advantages.group import normalize_rewards
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import TOKEN_ENTROPY
 from rlexp.core.registry import ADVANTAGES
-from rlexp.core.stats import group_index, group_stats
+from rlexp.core.stats import batch_mean, batch_std, group_index, group_stats
 
 EPS = 1e-8
 NORMALISE = ("split", "joint")
@@ -218,8 +218,7 @@ def aepo(
     mask = batch.completion_mask.float()
     h = _token_entropy(batch)
     valid = h[mask.bool()]
-    mean = valid.mean() if valid.numel() else h.new_zeros(())
-    std = valid.std() if valid.numel() > 1 else h.new_zeros(())
+    mean, std = batch_mean(valid), batch_std(valid)  # over every process's tokens in a distributed step
     std = torch.where(std > 1e-6, std, torch.ones_like(std))  # equal entropies (up to rounding): z = 0
     z = (h - mean) / std * mask
     shift = adv[:, None] * alpha * z

@@ -7,7 +7,7 @@ import torch
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import CONDITION
 from rlexp.core.registry import ADVANTAGES
-from rlexp.core.stats import group_stats
+from rlexp.core.stats import batch_std, group_stats
 
 SCALES = ("group", "batch", "none")
 SINGLETONS = ("zero", "raw")
@@ -41,9 +41,7 @@ def normalize_rewards(
     if scale == "group":
         adv = adv / (std + eps)
     elif scale == "batch":
-        r = rewards.float()
-        batch_std = r.std() if r.numel() > 1 else torch.zeros((), device=r.device)
-        adv = adv / (batch_std + eps)
+        adv = adv / (batch_std(rewards) + eps)  # over every process's rows in a distributed step
     return adv if singleton == "raw" else torch.where(single, torch.zeros_like(adv), adv)
 
 

@@ -14,7 +14,7 @@ import torch
 from rlexp.core.batch import RolloutBatch
 from rlexp.core.masks import KL_PENALTY, TOKEN_REWARDS
 from rlexp.core.registry import ADVANTAGES
-from rlexp.core.stats import group_stats, masked_whiten
+from rlexp.core.stats import batch_mean, group_stats, masked_whiten
 
 
 def token_level_rewards(batch: RolloutBatch, outcome_reward: bool = True) -> torch.Tensor:
@@ -70,7 +70,7 @@ def raw_reward(batch: RolloutBatch, baseline: str | float = "none") -> torch.Ten
     if baseline == "none":
         return r.clone()
     if baseline == "batch":
-        return r - r.mean() if r.numel() else r.clone()
+        return r - batch_mean(r)  # over every process's rows in a distributed step
     if baseline == "group":
         mean, _, _ = group_stats(r, batch.group_ids)
         return r - mean

@@ -130,45 +130,62 @@ class Critic:
         micro_batch: int,
         autocast_dtype: torch.dtype | None = None,
         micro_batch_tokens: int | None = None,
+        dist=None,
     ) -> dict[str, float]:
+        """μ passes of the value loss over ``batch``. ``dist`` (distributed=ddp: the trainer's process group, with
+        ``sum_floats`` and ``all_reduce_grads``): every process's rows are one batch, as on a single process: the
+        token normaliser and the metrics are global and the gradients summed over the processes before each step."""
         if self.model is None:
             raise RuntimeError("critic.update before critic.stage: the critic has no values for this batch")
         if "returns" not in batch.extras or batch.values is None:
             raise ValueError("critic.update needs batch.values and batch.extras['returns'] (advantage: gae)")
+        total_of = (lambda xs: dist.sum_floats(xs)) if dist is not None else (lambda xs: xs)
         sums: dict[str, float] = defaultdict(float)
         if self.finished_only:  # T-PPO: train on the finished rows alone (truncated rows are left out of the pass)
             keep = (~batch.truncated.bool()).nonzero().squeeze(-1).cpu()
-            sums["critic/rows"] = float(keep.numel())
-            if keep.numel() == 0:  # nothing finished this step: no value update
+            sums["critic/rows"] = total_of([float(keep.numel())])[0]
+            if sums["critic/rows"] == 0:  # nothing finished this step (on any process): no value update
                 sums["critic/lr"] = self.optimizer.param_groups[0]["lr"]
                 return dict(sums)
             if keep.numel() < len(batch):
                 batch = batch.select(keep)
         mask = loss_mask(batch)
         returns, old_values = batch.extras["returns"].float(), batch.values.float()
-        total = float(mask.sum())
+        total = total_of([float(mask.sum())])[0]
+        loss_sum, clipped_sum = 0.0, 0.0
         for _ in range(mu):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens):
+            plans = plan_micro_batches(batch, micro_batch, share_prompts=False, max_tokens=micro_batch_tokens)
+            for mb in plans if len(batch) else []:  # a process whose rows all fell out still joins the reduction
                 dev_idx = mb.dev_idx
                 p, pm, c, cm, end = mb.rows(batch)
                 v = self.model(p, pm, c, cm, autocast_dtype)
                 lm = mask[dev_idx, :end]
                 loss, clipped = self.value_loss(v, old_values[dev_idx, :end], returns[dev_idx, :end], lm, total)
                 loss.backward()
-                sums["critic/value_loss"] += float(loss.detach()) / mu
-                sums["critic/value_clip_frac"] += float((clipped.float() * lm).sum()) / max(total, 1.0) / mu
+                loss_sum += float(loss.detach())
+                clipped_sum += float((clipped.float() * lm).sum())
+            if dist is not None:
+                dist.all_reduce_grads(self.model)
             params = [q for q in self.model.parameters() if q.grad is not None]
             gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or float("inf"))
             self.optimizer.step()
             sums["critic/grad_norm"] += float(gn) / mu
         m = mask.bool()
-        if m.any():
-            r, v = returns[m], old_values[m]
-            sums["critic/values_mean"] = float(v.mean())
-            sums["critic/returns_mean"] = float(r.mean())
-            var_r = r.var() if r.numel() > 1 else torch.zeros(())
-            sums["critic/explained_var"] = float(1 - (r - v).var() / var_r) if var_r > 0 else 0.0
+        r, v = returns[m].double(), old_values[m].double()
+        d = r - v
+        n, sr, srr, sv, sd, sdd, loss_sum, clipped_sum = total_of(
+            [float(r.numel()), float(r.sum()), float(r @ r), float(v.sum()), float(d.sum()), float(d @ d), loss_sum,
+             clipped_sum]
+        )  # fmt: skip
+        sums["critic/value_loss"] = loss_sum / mu
+        sums["critic/value_clip_frac"] = clipped_sum / max(total, 1.0) / mu
+        if n > 0:
+            sums["critic/values_mean"] = sv / n
+            sums["critic/returns_mean"] = sr / n
+            var_r = (srr - sr * sr / n) / (n - 1) if n > 1 else 0.0  # unbiased, as torch.var
+            var_d = (sdd - sd * sd / n) / (n - 1) if n > 1 else 0.0
+            sums["critic/explained_var"] = 1 - var_d / var_r if var_r > 0 else 0.0
         sums["critic/lr"] = self.optimizer.param_groups[0]["lr"]
         return dict(sums)
 
