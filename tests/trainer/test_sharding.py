@@ -39,7 +39,7 @@ from rlexp.trainer.sharding import (
 )
 from tests.algorithms.batches import tiny_policy
 from tests.trainer.test_distributed import VENV_BIN, _assert_equal_steps, _launch, _mlflow_runs
-from tests.trainer.test_zero import _assert_ema_reads_the_full_weights
+from tests.trainer.test_zero import _assert_ema_reads_the_full_weights, assert_ema_reference_runs_as_one_process
 
 
 def _tiny():
@@ -273,20 +273,7 @@ def test_fsdp_with_a_kl_reference(tmp_path):
 def test_fsdp_with_an_ema_reference(tmp_path):
     """An EMA KL reference under FSDP (a full copy on each process, updated after every optimiser step from the
     sharded policy's full parameters) gives the single-process run's steps, its KL included."""
-    ema = [
-        "trainer.max_steps=3",
-        "trainer.checkpoint_every=0",
-        "algorithm.kl.coef=0.05",
-        "algorithm.reference.kind=ema",
-        "algorithm.reference.ema_interval=1",
-        "algorithm.reference.ema_decay=0.5",
-        "trainer.share_prompt_forward=false",
-    ]
-    single = _launch(SINGLE, ema, tmp_path / "one", tmp_path / "one.db")
-    two = _launch(_torchrun(), [*ema, "distributed=fsdp"], tmp_path / "two", tmp_path / "two.db")
-    _assert_equal_steps(single, two)
-    assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
-    assert all(r["reference/ema_updates"] == 1.0 for r in two) and two[2]["kl/mean"] > 0
+    assert_ema_reference_runs_as_one_process(tmp_path, _torchrun(), "distributed=fsdp")
 
 
 @pytest.mark.long

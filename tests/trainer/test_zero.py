@@ -286,25 +286,33 @@ def test_zero3_logs_the_single_process_step_and_resumes_anywhere(tmp_path):
     _assert_equal_steps(full[2:], one[2:])
 
 
+EMA_REFERENCE = [
+    "trainer.max_steps=3",
+    "trainer.checkpoint_every=0",
+    "algorithm.kl.coef=0.05",
+    "algorithm.reference.kind=ema",
+    "algorithm.reference.ema_interval=1",
+    "algorithm.reference.ema_decay=0.5",
+    *PLAIN,
+]
+
+
+def assert_ema_reference_runs_as_one_process(tmp_path, launcher: list[str], strategy: str) -> None:
+    """An EMA KL reference (updated every step, decay 0.5) on 2 processes under ``strategy`` logs the single-process
+    run's steps and KL, and updates every step."""
+    single = _launch(SINGLE, EMA_REFERENCE, tmp_path / "one", tmp_path / "one.db")
+    two = _launch(launcher, [*EMA_REFERENCE, strategy], tmp_path / "two", tmp_path / "two.db")
+    _assert_equal_steps(single, two)
+    assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
+    assert all(r["reference/ema_updates"] == 1.0 for r in two) and two[2]["kl/mean"] > 0
+
+
 @pytest.mark.long
 def test_zero2_with_an_ema_reference(tmp_path):
     """An EMA KL reference under ZeRO-2 (a full copy on each process, updated after every optimiser step from the
     policy's weights) gives the single-process run's steps, its KL included."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra (.ci/run installs it)")
-    ema = [
-        "trainer.max_steps=3",
-        "trainer.checkpoint_every=0",
-        "algorithm.kl.coef=0.05",
-        "algorithm.reference.kind=ema",
-        "algorithm.reference.ema_interval=1",
-        "algorithm.reference.ema_decay=0.5",
-        *PLAIN,
-    ]
-    single = _launch(SINGLE, ema, tmp_path / "one", tmp_path / "one.db")
-    two = _launch(_torchrun(), [*ema, "distributed=deepspeed_zero2"], tmp_path / "two", tmp_path / "two.db")
-    _assert_equal_steps(single, two)
-    assert [r["kl/mean"] for r in two] == pytest.approx([r["kl/mean"] for r in single], rel=1e-5)
-    assert all(r["reference/ema_updates"] == 1.0 for r in two) and two[2]["kl/mean"] > 0
+    assert_ema_reference_runs_as_one_process(tmp_path, _torchrun(), "distributed=deepspeed_zero2")
 
 
 @pytest.mark.long
