@@ -43,7 +43,7 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
     values = values.double()
     n, total = batch_sums(values.new_tensor(float(values.numel())), values.sum())
     (sq,) = batch_sums(((values - total / n.clamp(min=1)) ** 2).sum())
-    return (torch.sqrt(sq / (n - 1)) if n > 1 else torch.zeros((), dtype=values.dtype, device=values.device)).float()
+    return torch.where(n > 1, torch.sqrt(sq / (n - 1).clamp(min=1)), torch.zeros_like(sq)).float()  # no host sync
 
 
 def batch_mean(values: torch.Tensor) -> torch.Tensor:
